@@ -1,0 +1,9 @@
+"""The STRADS engine: programs, the round runner, backends and checkpoints."""
+
+from .backends import LocalBackend, WorkerLostError, resolve_backend
+from .checkpoint import CheckpointStore
+from .program import Broadcast, Program
+from .runner import RunResult, run
+
+__all__ = ["Program", "Broadcast", "run", "RunResult", "LocalBackend", "WorkerLostError",
+           "resolve_backend", "CheckpointStore"]

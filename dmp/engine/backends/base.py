@@ -1,0 +1,49 @@
+"""Backend protocol helpers and selection."""
+
+from __future__ import annotations
+
+
+class WorkerLostError(RuntimeError):
+    """A worker holding a partition died (its state is gone; the runner recovers)."""
+
+
+def active_client():
+    """The current ``distributed.Client``, or None when there is none."""
+    try:
+        from distributed import get_client
+    except ImportError:  # pragma: no cover - distributed is a dependency
+        return None
+    try:
+        return get_client()
+    except ValueError:
+        return None
+
+
+def resolve_backend(backend="auto", n_workers=None):
+    """Turn an estimator's ``backend`` argument into a backend instance.
+
+    ``"auto"`` uses the active ``distributed.Client`` if there is one, else the in-process
+    :class:`LocalBackend` (it never starts a cluster by itself).  ``"local"`` and ``"dask"``
+    force one; a backend instance is returned unchanged.
+    """
+    from .local import LocalBackend
+
+    if not isinstance(backend, str):
+        if hasattr(backend, "step") and hasattr(backend, "start"):
+            return backend
+        raise ValueError(f"backend must be 'auto', 'local', 'dask' or a backend instance, "
+                         f"got {backend!r}")
+    if backend == "local":
+        return LocalBackend(n_workers=n_workers or 1)
+    if backend in ("dask", "auto"):
+        client = active_client()
+        if client is None:
+            if backend == "dask":
+                raise ValueError("backend='dask' needs an active distributed.Client "
+                                 "(create one with distributed.Client(address))")
+            return LocalBackend(n_workers=n_workers or 1)
+        from .dask import DaskBackend
+
+        return DaskBackend(client, n_workers=n_workers)
+    raise ValueError(f"backend must be 'auto', 'local', 'dask' or a backend instance, "
+                     f"got {backend!r}")

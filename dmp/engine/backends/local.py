@@ -1,0 +1,83 @@
+"""In-process backend: partitions are plain objects driven in a loop.
+
+Deterministic and cheap; used by the tests, by scikit-learn's estimator checks and to
+simulate many workers on one machine.
+"""
+
+from __future__ import annotations
+
+from ..program import Broadcast
+from ..worker import PartitionWorker
+
+
+def _update_for(updates, k):
+    if updates is None:
+        return None
+    if isinstance(updates, Broadcast):
+        return updates.value
+    return updates[k]
+
+
+class LocalBackend:
+    """Run every partition in this process.
+
+    Parameters
+    ----------
+    n_workers : int
+        Number of simulated workers (= partitions).
+    """
+
+    kind = "local"
+
+    def __init__(self, n_workers: int = 1):
+        if int(n_workers) < 1:
+            raise ValueError(f"n_workers must be >= 1, got {n_workers}")
+        self.n_workers = int(n_workers)
+        self.workers: list[PartitionWorker] = []
+
+    @property
+    def n_partitions(self) -> int:
+        return self.n_workers
+
+    def start(self, program, specs) -> None:
+        self.workers = [PartitionWorker(program, spec, k) for k, spec in enumerate(specs)]
+
+    def restart(self, program, specs) -> None:  # nothing can be lost in-process
+        self.start(program, specs)
+
+    def expect_round(self, round: int) -> None:
+        pass
+
+    def step(self, round, updates, plans):
+        return [w.step(round, _update_for(updates, k), plans[k])
+                for k, w in enumerate(self.workers)]
+
+    def gather(self, handle):
+        return handle
+
+    def apply_all(self, updates) -> None:
+        for k, w in enumerate(self.workers):
+            w.apply(_update_for(updates, k))
+
+    def save_all(self, paths) -> None:
+        for w, p in zip(self.workers, paths):
+            w.save(p)
+
+    def restore_all(self, paths) -> None:
+        for w, p in zip(self.workers, paths):
+            w.restore(p)
+
+    def collect_all(self) -> list[dict]:
+        return [w.collect() for w in self.workers]
+
+    def call_all(self, method, *args) -> list:
+        return [w.call(method, *args) for w in self.workers]
+
+    def log_event(self, msg: dict) -> None:
+        pass
+
+    def describe(self) -> str:
+        return f"local backend, {self.n_workers} simulated worker(s)"
+
+    def close(self) -> None:
+        self.workers = []

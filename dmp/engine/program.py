@@ -1,0 +1,103 @@
+"""The STRADS programming model: ``schedule`` / ``push`` / ``pull`` (+ ``apply``).
+
+A :class:`Program` describes one model-parallel algorithm.  The model is split into
+*partitions*, one per worker; each partition holds a data shard and the model variables it
+owns.  One round of the runner is::
+
+    plans    = program.schedule(round)                 # driver: which variables, per partition
+    partials = [program.push(state_k, plans[k]) ...]   # every partition, in parallel (workers)
+    update   = program.pull(round, partials)           # driver: reduce, new values, barrier
+    program.apply(state_k, update)                     # every partition, before its next push
+
+Driver-side attributes live in ``self.driver`` (a dict), which is never pickled: the program
+object shipped to workers carries only configuration (dataset URL, hyper-parameters).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """A pull result sent unchanged to every partition (counted once per partition)."""
+
+    value: Any
+
+
+class Program:
+    """Base class of a model-parallel algorithm; subclass and override the methods.
+
+    Driver side: :meth:`partition_specs`, :meth:`start`, :meth:`schedule`, :meth:`pull`,
+    :meth:`metrics`, :meth:`converged`, :meth:`driver_state`, :meth:`load_driver_state`,
+    :meth:`finish`.  Worker side: :meth:`init_partition`, :meth:`push`, :meth:`apply`,
+    :meth:`partition_arrays`, :meth:`restore_partition`.
+    """
+
+    name = "program"
+
+    def __init__(self):
+        self.driver: dict = {}
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["driver"] = {}
+        return state
+
+    # ------------------------------------------------------------------ driver side
+    def partition_specs(self, n_partitions: int) -> list:
+        """Small picklable descriptions of each partition (e.g. the shard ids it loads)."""
+        raise NotImplementedError
+
+    def start(self, n_partitions: int) -> None:
+        """Initialise the driver state (called after the partitions exist)."""
+
+    def schedule(self, round: int) -> list:
+        """Return one plan per partition for this round."""
+        raise NotImplementedError
+
+    def needs_barrier(self, round: int) -> bool:
+        """True when ``round`` must not start before every earlier round was pulled and
+        applied (only matters with staleness > 0)."""
+        return False
+
+    def pull(self, round: int, partials: list):
+        """Reduce the partial results; return a :class:`Broadcast` or a list of updates."""
+        raise NotImplementedError
+
+    def metrics(self) -> dict:
+        """Scalar metrics of the last pulled round, recorded in ``history_``."""
+        return {}
+
+    def converged(self) -> bool:
+        return False
+
+    def driver_state(self) -> dict:
+        """Arrays and JSON scalars that restore the driver on resume."""
+        return {}
+
+    def load_driver_state(self, state: dict) -> None:
+        raise NotImplementedError
+
+    def finish(self, partition_arrays: list[dict]) -> None:
+        """Receive every partition's arrays at the end of the fit."""
+
+    # ------------------------------------------------------------------ worker side
+    def init_partition(self, spec):
+        """Load the partition's data (on the worker) and return its mutable state."""
+        raise NotImplementedError
+
+    def push(self, state, plan):
+        """Compute a partial result from resident data and owned variables."""
+        raise NotImplementedError
+
+    def apply(self, state, update) -> None:
+        """Apply a pull result to the partition state."""
+
+    def partition_arrays(self, state) -> dict:
+        """The partition's model variables (checkpointed and gathered at the end)."""
+        return {}
+
+    def restore_partition(self, state, arrays: dict) -> None:
+        """Set the model variables from a checkpoint."""

@@ -1,0 +1,204 @@
+"""The round loop: schedule -> push on every partition -> barrier -> pull -> apply.
+
+Also: bounded staleness (rounds kept in flight), stopping rules, per-round metrics, Dask
+events, callbacks, a progress bar, Zarr checkpoints and recovery from worker loss.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from .backends.base import WorkerLostError
+from .checkpoint import CheckpointStore
+from .comm import payload_nbytes
+from .program import Broadcast
+
+logger = logging.getLogger("dmp")
+
+
+@dataclass
+class RunResult:
+    """What a finished run hands back to the estimator."""
+
+    history: list
+    n_rounds: int
+    partition_arrays: list
+    converged: bool
+    wall_s: float
+    recoveries: list = field(default_factory=list)
+
+
+def _pull_bytes(updates, n_partitions: int) -> int:
+    if updates is None:
+        return 0
+    if isinstance(updates, Broadcast):
+        return payload_nbytes(updates.value) * n_partitions
+    return payload_nbytes(updates)
+
+
+def _progress_bar(show_progress, total, desc):
+    if not show_progress:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        return None
+    return tqdm(total=total, desc=desc, leave=True, dynamic_ncols=True)
+
+
+def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
+        checkpoint_every: int = 50, resume: bool = False, fingerprint: dict | None = None,
+        callback=None, show_progress: bool = False, desc: str = "dmp",
+        max_recoveries: int = 5) -> RunResult:
+    """Run ``program`` on ``backend`` until it converges or ``max_iter`` rounds pass.
+
+    Parameters
+    ----------
+    staleness : int
+        Number of rounds kept in flight beyond the current one (0 = bulk synchronous).  The
+        pull result of round ``t`` reaches the workers with round ``t + staleness + 1``.
+    checkpoint : str or path, optional
+        Zarr checkpoint location; a checkpoint is written every ``checkpoint_every`` rounds.
+    resume : bool
+        Continue from the latest complete checkpoint in ``checkpoint`` if there is one.
+    callback : callable, optional
+        ``callback(round, metrics) -> bool``; returning True stops the run.
+    """
+    if staleness < 0:
+        raise ValueError(f"staleness must be >= 0, got {staleness}")
+    store = CheckpointStore(checkpoint) if checkpoint is not None else None
+    fingerprint = fingerprint or {}
+    if resume and store is None:
+        raise ValueError("resume=True needs a checkpoint location")
+    n_parts = backend.n_partitions
+    specs = program.partition_specs(n_parts)
+    t_start = time.perf_counter()
+    history: list[dict] = []
+    recoveries: list[dict] = []
+
+    def restore_or_init(initial: bool):
+        """(Re)create the partitions and the driver state; return the first round to run."""
+        (backend.start if initial else backend.restart)(program, specs)
+        latest = store.latest() if store is not None else None
+        if latest is None or (initial and not resume):
+            program.start(n_parts)
+            history.clear()
+            return 0
+        saved_fp = store.fingerprint()
+        if saved_fp is not None and fingerprint and saved_fp != fingerprint:
+            diff = sorted(k for k in set(saved_fp) | set(fingerprint)
+                          if saved_fp.get(k) != fingerprint.get(k))
+            raise ValueError(f"checkpoint {store.path!r} was written by a different fit "
+                             f"(differs in: {', '.join(diff)}); use another location or "
+                             f"resume=False")
+        backend.restore_all([store.partition_path(latest, k) for k in range(n_parts)])
+        state = store.load_driver(latest)
+        history[:] = json.loads(state.pop("__history"))
+        program.start(n_parts)
+        program.load_driver_state(state)
+        logger.info("resumed from checkpoint round %d in %s", latest, store.path)
+        return latest
+
+    if store is not None and not resume and store.latest() is not None:
+        raise FileExistsError(f"checkpoint location {store.path!r} already holds a checkpoint; "
+                              f"pass resume=True to continue it or choose a new location")
+    round_ = restore_or_init(True)
+    bar = _progress_bar(show_progress, max_iter, desc)
+    if bar is not None and round_:
+        bar.update(round_)
+    converged = False
+    stopped = False
+    offset = history[-1]["time"] if history else 0.0
+
+    def checkpoint_now(r):
+        store.begin(r, fingerprint)
+        backend.save_all([store.partition_path(r, k) for k in range(n_parts)])
+        state = dict(program.driver_state())
+        state["__history"] = json.dumps(history)
+        store.commit(r, state)
+        backend.log_event({"kind": "checkpoint", "round": r})
+
+    try:
+        while True:
+            try:
+                backend.expect_round(round_)
+                pending = deque()
+                update = None
+                t_loop0 = time.perf_counter() - offset
+                while round_ < max_iter or pending:
+                    can_issue = round_ < max_iter and not (converged or stopped)
+                    if can_issue and pending and program.needs_barrier(round_):
+                        can_issue = False  # drain the rounds in flight first
+                    if can_issue:
+                        plans = program.schedule(round_)
+                        t_issue = time.perf_counter()
+                        handle = backend.step(round_, update, plans)
+                        pending.append((round_, handle, t_issue, payload_nbytes(plans),
+                                        _pull_bytes(update, n_parts)))
+                        update = None
+                        round_ += 1
+                        if len(pending) <= staleness:
+                            continue
+                    elif not pending:
+                        break
+                    r, handle, t_issue, b_sched, b_bcast = pending.popleft()
+                    results = backend.gather(handle)
+                    partials = [res["partial"] for res in results]
+                    new_update = program.pull(r, partials)
+                    round_s = time.perf_counter() - t_issue
+                    rec = {"round": r, "time": time.perf_counter() - t_loop0,
+                           "round_s": round_s,
+                           "push_s": [res["push_s"] for res in results],
+                           "bytes_schedule": b_sched, "bytes_push": payload_nbytes(partials),
+                           "bytes_pull": b_bcast}
+                    rec.update(program.metrics())
+                    history.append(rec)
+                    backend.log_event({"kind": "round", "program": program.name,
+                                       **{k: v for k, v in rec.items() if k != "push_s"},
+                                       "push_s_max": max(rec["push_s"])})
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(program.progress_postfix()
+                                        if hasattr(program, "progress_postfix") else {})
+                    if callback is not None and callback(r, rec):
+                        stopped = True
+                    if program.converged():
+                        converged = True
+                    if update is not None:
+                        # two pulls before the next push: deliver the older one now
+                        backend.apply_all(update)
+                    update = new_update
+                    if (store is not None and not pending and not (converged or stopped)
+                            and round_ % checkpoint_every == 0 and round_ < max_iter):
+                        backend.apply_all(update)
+                        update = None
+                        checkpoint_now(round_)
+                        backend.expect_round(round_)
+                    if (converged or stopped) and not pending:
+                        break
+                if update is not None:
+                    backend.apply_all(update)
+                arrays = backend.collect_all()
+                break
+            except WorkerLostError as exc:
+                offset = history[-1]["time"] if history else 0.0
+                recoveries.append({"round": round_, "error": str(exc), "time": offset})
+                logger.warning("worker lost at round %d (%s); recovering", round_, exc)
+                backend.log_event({"kind": "worker_lost", "round": round_, "error": str(exc)})
+                if len(recoveries) > max_recoveries:
+                    raise RuntimeError(f"gave up after {max_recoveries} worker losses") from exc
+                converged = stopped = False
+                round_ = restore_or_init(False)
+                recoveries[-1]["resumed_round"] = round_
+                offset = history[-1]["time"] if history else 0.0
+    finally:
+        if bar is not None:
+            bar.close()
+    program.finish(arrays)
+    return RunResult(history=history, n_rounds=round_, partition_arrays=arrays,
+                     converged=converged, wall_s=time.perf_counter() - t_start,
+                     recoveries=recoveries)

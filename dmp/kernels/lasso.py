@@ -1,0 +1,339 @@
+"""Numba kernels for STRADS Lasso coordinate descent on CSC column blocks.
+
+Conventions (shared by every kernel here):
+
+* A column block is CSC: ``indptr`` (int64, p_b + 1), ``indices`` (int32 row ids),
+  ``data`` (float64).  Columns are addressed by *local* index inside the block.
+* The objective is scikit-learn's ``1/(2n) ||y - X w - b||^2 + alpha ||w||_1``, solved in the
+  scaled form ``1/2 ||r||^2 + (n alpha) ||w||_1`` with ``r = y~ - X~ w``, where ``~`` means
+  centred (when fitting an intercept) or unchanged (``means`` all zero).
+* Centring is implicit: column ``j`` is ``x_j - means[j]``.  Because a centred residual sums
+  to zero, ``x~_j . r = x_j . r``; the residual update ``r -= delta (x_j - means[j])`` is done
+  sparsely on ``r`` plus a scalar ``shift`` (the true residual is ``r + shift``), so one
+  coordinate update costs O(nnz(x_j)), not O(n).
+"""
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def soft_threshold(a, t):
+    """Soft-thresholding operator ``sign(a) max(|a| - t, 0)``."""
+    if a > t:
+        return a - t
+    if a < -t:
+        return a + t
+    return 0.0
+
+
+@njit(cache=True, nogil=True)
+def cd_sweep(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha_n, delta_out):
+    """Sequential (Gauss-Seidel) coordinate descent over the local columns ``idx``.
+
+    Updates ``w`` and ``r`` in place; ``r`` must hold the true (centred) residual on entry and
+    holds it again on exit (the centring shift is folded back at the end).
+
+    Parameters
+    ----------
+    sq_norms : float64[p_b]
+        Squared norms of the *centred* columns (``||x_j||^2 - n means_j^2``).
+    means, col_sums : float64[p_b]
+        Column means (zeros when no intercept) and column sums of the raw columns.
+    idx : int64[k]
+        Local column indices, updated in this order.
+    alpha_n : float
+        ``n * alpha``.
+    delta_out : float64[k]
+        Receives ``w_new - w_old`` for each scheduled column.
+
+    Returns
+    -------
+    float
+        Sum of |delta| over the sweep.
+    """
+    shift = 0.0
+    total = 0.0
+    for t in range(idx.shape[0]):
+        j = idx[t]
+        nrm = sq_norms[j]
+        if nrm <= 0.0:
+            delta_out[t] = 0.0
+            continue
+        start = indptr[j]
+        stop = indptr[j + 1]
+        dot = 0.0
+        for q in range(start, stop):
+            dot += data[q] * r[indices[q]]
+        # x~_j . (r + shift) = x_j . r + shift * col_sum_j - means_j * sum(r + shift), and the
+        # last sum is zero for a centred residual.
+        dot += shift * col_sums[j]
+        wj = w[j]
+        new = soft_threshold(dot + nrm * wj, alpha_n) / nrm
+        d = new - wj
+        delta_out[t] = d
+        if d != 0.0:
+            w[j] = new
+            for q in range(start, stop):
+                r[indices[q]] -= d * data[q]
+            shift += d * means[j]
+            total += abs(d)
+    if shift != 0.0:
+        for i in range(r.shape[0]):
+            r[i] += shift
+    return total
+
+
+@njit(cache=True, nogil=True)
+def correlations(indptr, indices, data, r, out):
+    """``out[j] = x_j . r`` for every local column (the gradient pass of the duality gap)."""
+    for j in range(indptr.shape[0] - 1):
+        acc = 0.0
+        for q in range(indptr[j], indptr[j + 1]):
+            acc += data[q] * r[indices[q]]
+        out[j] = acc
+
+
+@njit(cache=True, nogil=True)
+def virtual_deltas(corr, sq_norms, w, alpha_n, out):
+    """The step each coordinate would take from the current residual (no update applied).
+
+    Used to refresh STRADS priorities of every variable after a full gradient pass.
+    """
+    for j in range(corr.shape[0]):
+        nrm = sq_norms[j]
+        if nrm <= 0.0:
+            out[j] = 0.0
+        else:
+            out[j] = soft_threshold(corr[j] + nrm * w[j], alpha_n) / nrm - w[j]
+
+
+@njit(cache=True, nogil=True)
+def block_matvec(indptr, indices, data, means, w, out):
+    """``out += X~_b w_b`` (centred columns) for one column block."""
+    shift = 0.0
+    for j in range(indptr.shape[0] - 1):
+        wj = w[j]
+        if wj != 0.0:
+            for q in range(indptr[j], indptr[j + 1]):
+                out[indices[q]] += data[q] * wj
+            shift += wj * means[j]
+    if shift != 0.0:
+        for i in range(out.shape[0]):
+            out[i] -= shift
+
+
+@njit(cache=True, nogil=True)
+def dependency_filter(indptr, indices, data, means, sq_norms, cand, max_keep, rho, n_rows,
+                      work_budget, row_head, link_next, link_col, link_val, kept_out):
+    """Greedy STRADS dependency filter over the candidates ``cand`` (in priority order).
+
+    Candidate ``k`` is kept if ``|corr(x_j, x_k)| < rho`` for every already kept ``j``, where
+    corr is the cosine of the centred columns.  Inner products against the kept set are
+    accumulated through a row-wise linked list of the kept columns' entries, so checking one
+    candidate costs O(sum over its rows of the kept entries in that row), not O(|kept| nnz).
+    Kept pairs that share no row still correlate through their means (``-n m_j m_k``); that
+    part is bounded first and only checked pair by pair when the bound can fail.
+
+    ``row_head`` (int64[n], all -1 on entry and restored to -1 on exit), ``link_next``,
+    ``link_col`` (int64) and ``link_val`` (float64) are scratch buffers with room for the
+    nnz of all kept columns.  Scanning stops once ``work_budget`` inner products terms have
+    been accumulated (dense columns make the check quadratic); the kept set is then final, so
+    every kept pair has still passed the test.  Returns the number kept; kept local indices go
+    to ``kept_out``.
+    """
+    work = 0
+    n_kept = 0
+    n_links = 0
+    acc = np.zeros(max_keep, dtype=np.float64)
+    stamp = np.zeros(max_keep, dtype=np.int64)
+    touched = np.empty(max_keep, dtype=np.int64)
+    max_mean_ratio = 0.0  # max over kept j of |m_j| / ||x~_j||
+    for t in range(cand.shape[0]):
+        if n_kept >= max_keep:
+            break
+        k = cand[t]
+        nk = sq_norms[k]
+        if nk <= 0.0:
+            continue
+        if work > work_budget:
+            break
+        n_touched = 0
+        for q in range(indptr[k], indptr[k + 1]):
+            v = data[q]
+            e = row_head[indices[q]]
+            while e >= 0:
+                slot = link_col[e]
+                if stamp[slot] != t + 1:
+                    stamp[slot] = t + 1
+                    acc[slot] = 0.0
+                    touched[n_touched] = slot
+                    n_touched += 1
+                acc[slot] += v * link_val[e]
+                e = link_next[e]
+                work += 1
+        ok = True
+        mk = means[k]
+        sk = np.sqrt(nk)
+        for s in range(n_touched):
+            slot = touched[s]
+            j = kept_out[slot]
+            dot = acc[slot] - n_rows * means[j] * mk
+            if abs(dot) >= rho * np.sqrt(sq_norms[j]) * sk:
+                ok = False
+                break
+        if ok and mk != 0.0 and n_rows * abs(mk) / sk * max_mean_ratio >= rho:
+            for slot in range(n_kept):
+                if stamp[slot] == t + 1:
+                    continue
+                j = kept_out[slot]
+                if n_rows * abs(means[j] * mk) >= rho * np.sqrt(sq_norms[j]) * sk:
+                    ok = False
+                    break
+        if not ok:
+            continue
+        kept_out[n_kept] = k
+        ratio = abs(mk) / sk
+        if ratio > max_mean_ratio:
+            max_mean_ratio = ratio
+        for q in range(indptr[k], indptr[k + 1]):
+            i = indices[q]
+            link_col[n_links] = n_kept
+            link_val[n_links] = data[q]
+            link_next[n_links] = row_head[i]
+            row_head[i] = n_links
+            n_links += 1
+        n_kept += 1
+    for s in range(n_kept):
+        k = kept_out[s]
+        for q in range(indptr[k], indptr[k + 1]):
+            row_head[indices[q]] = -1
+    return n_kept
+
+
+@njit(cache=True, nogil=True)
+def sample_by_priority(weights, floor, n_draws, uniforms, out):
+    """STRADS inverse-CDF sampler: ``n_draws`` sorted points on the line of ``weights + floor``.
+
+    Each variable owns an interval of length ``weights[j] + floor``; every point falling in an
+    interval selects that variable once (duplicates collapse, so fewer than ``n_draws`` may
+    come back).  ``uniforms`` must be sorted in [0, 1).  Returns the number selected; the
+    selected indices go to ``out`` in increasing order.
+    """
+    total = 0.0
+    for j in range(weights.shape[0]):
+        total += weights[j] + floor
+    n_out = 0
+    j = 0
+    cum = weights[0] + floor
+    last = -1
+    p = weights.shape[0]
+    for t in range(n_draws):
+        u = uniforms[t] * total
+        while cum <= u and j < p - 1:
+            j += 1
+            cum += weights[j] + floor
+        if j != last:
+            out[n_out] = j
+            n_out += 1
+            last = j
+    return n_out
+
+
+# ---------------------------------------------------------------------------------------
+# Priority sampling without replacement: a Fenwick (binary indexed) tree over the weights,
+# so drawing L candidates costs O(L log p) instead of O(p) per round.
+
+@njit(cache=True, nogil=True)
+def fenwick_build(weights, tree):
+    """Build ``tree`` (length p + 1) so that prefix sums of ``weights`` cost O(log p)."""
+    p = weights.shape[0]
+    tree[0] = 0.0
+    for i in range(1, p + 1):
+        tree[i] = weights[i - 1]
+    for i in range(1, p + 1):
+        parent = i + (i & (-i))
+        if parent <= p:
+            tree[parent] += tree[i]
+
+
+@njit(cache=True, nogil=True)
+def fenwick_add(tree, j, value):
+    """Add ``value`` to the weight of variable ``j``."""
+    p = tree.shape[0] - 1
+    i = j + 1
+    while i <= p:
+        tree[i] += value
+        i += i & (-i)
+
+
+@njit(cache=True, nogil=True)
+def fenwick_total(tree):
+    p = tree.shape[0] - 1
+    total = 0.0
+    i = p
+    while i > 0:
+        total += tree[i]
+        i -= i & (-i)
+    return total
+
+
+@njit(cache=True, nogil=True)
+def fenwick_find(tree, u):
+    """Smallest ``j`` whose prefix sum of weights exceeds ``u``."""
+    p = tree.shape[0] - 1
+    step = 1
+    while step * 2 <= p:
+        step *= 2
+    pos = 0
+    while step > 0:
+        nxt = pos + step
+        if nxt <= p and tree[nxt] <= u:
+            pos = nxt
+            u -= tree[nxt]
+        step //= 2
+    if pos >= p:
+        pos = p - 1
+    return pos
+
+
+@njit(cache=True, nogil=True)
+def sample_without_replacement(tree, weights, uniforms, out):
+    """Draw ``len(uniforms)`` distinct variables, each with probability proportional to its
+    weight among those not drawn yet (successive sampling).  ``weights`` must be the values
+    in ``tree``; the tree is restored before returning.  Returns the number drawn (smaller
+    only when fewer variables have positive weight)."""
+    m = 0
+    for t in range(uniforms.shape[0]):
+        total = fenwick_total(tree)
+        if total <= 0.0:
+            break
+        j = fenwick_find(tree, uniforms[t] * total)
+        if weights[j] <= 0.0:
+            # numerical edge: fall back to a linear scan for a positive weight
+            found = -1
+            for q in range(weights.shape[0]):
+                if weights[q] > 0.0:
+                    found = q
+                    break
+            if found < 0:
+                break
+            j = found
+        out[m] = j
+        m += 1
+        fenwick_add(tree, j, -weights[j])
+        weights[j] = -weights[j]  # mark as drawn (negative), restored below
+    for t in range(m):
+        j = out[t]
+        weights[j] = -weights[j]
+        fenwick_add(tree, j, weights[j])
+    return m
+
+
+@njit(cache=True, nogil=True)
+def fenwick_set(tree, weights, idx, values):
+    """Set ``weights[idx[t]] = values[t]`` and keep the tree in step."""
+    for t in range(idx.shape[0]):
+        j = idx[t]
+        fenwick_add(tree, j, values[t] - weights[j])
+        weights[j] = values[t]

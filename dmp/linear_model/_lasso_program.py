@@ -1,0 +1,378 @@
+"""STRADS Lasso as a schedule / push / pull Program on column-block partitions.
+
+Layout (ARCHITECTURE.md section 3.1): each partition owns a contiguous block of columns (its
+CSC shards and coefficients) and a replica of the residual ``r = y~ - X~ w``.
+
+* schedule (driver): priority-sample candidates over all variables (probability proportional
+  to (last change)^2 + eta * mean), order them by priority and deal them to their owners;
+  or round robin / uniform random.  Every ``check_every`` coordinate updates a *gap round*
+  computes the duality gap and refreshes every variable's priority with the step it would
+  take now; every ``refresh_every`` gap rounds a *refresh round* recomputes the residual
+  from scratch (drift control, and after a restore).
+* push (worker): the STRADS dependency filter over its candidates (|corr| < rho among the
+  kept set), then sequential coordinate descent over the kept set against the residual
+  replica; returns the residual change ``X_S delta_S`` (sparse when it pays) and the deltas.
+* pull (driver): sums the residual changes.  Updates from different partitions are applied
+  together (block Jacobi), so the driver takes the exact step ``t = 1`` when it lowers the
+  objective and otherwise the minimiser of a convex upper bound, which always lowers it
+  (``t >= 1/P`` is a descent step by convexity).  With one partition it is exactly
+  sequential coordinate descent.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..engine.program import Broadcast, Program
+from ..kernels import lasso as K
+
+
+def _encode(vec: np.ndarray):
+    """Residual changes are sparse without an intercept: send (indices, values) when it pays."""
+    nz = np.flatnonzero(vec)
+    if 3 * len(nz) < len(vec):
+        return ("sparse", nz.astype(np.int32), vec[nz])
+    return ("dense", vec)
+
+
+def _decode_add(msg, out: np.ndarray, scale: float = 1.0) -> None:
+    if msg[0] == "sparse":
+        out[msg[1]] += scale * msg[2]
+    else:
+        out += scale * msg[1]
+
+
+def _l1_change(w_old, delta, t):
+    return float(np.abs(w_old + t * delta).sum() - np.abs(w_old).sum())
+
+
+class LassoProgram(Program):
+    """Driver and worker logic of STRADS Lasso (see the module docstring).
+
+    Parameters are those of :class:`dmp.linear_model.Lasso`, already validated; ``dataset``
+    is a ``dmp.io.SparseDataset`` (opened by URL on every worker) or an in-memory dataset
+    (local backend only).
+    """
+
+    name = "lasso"
+
+    def __init__(self, dataset, *, alpha, fit_intercept, schedule, schedule_size, eta, rho,
+                 oversample, tol, check_every, refresh_every, seed, filter_work=32):
+        super().__init__()
+        self.dataset = dataset
+        self.alpha = float(alpha)
+        self.fit_intercept = bool(fit_intercept)
+        self.schedule_kind = schedule
+        self.schedule_size = int(schedule_size)
+        self.eta = float(eta)
+        self.rho = None if rho is None else float(rho)
+        self.oversample = float(oversample)
+        self.tol = float(tol)
+        self.check_every = int(check_every)
+        self.refresh_every = int(refresh_every)
+        self.seed = seed
+        self.filter_work = filter_work
+
+    # ================================================================== worker side
+    def init_partition(self, spec):
+        ds = self.dataset
+        X = ds.load_shards(spec["shards"])
+        c0, c1 = spec["cols"]
+        n = X.shape[0]
+        y = ds.load_y()
+        col_sums, col_sq = ds.load_col_stats()
+        col_sums = np.ascontiguousarray(col_sums[c0:c1], dtype=np.float64)
+        col_sq = np.ascontiguousarray(col_sq[c0:c1], dtype=np.float64)
+        if self.fit_intercept:
+            means = col_sums / n
+            sq = np.maximum(col_sq - n * means * means, 0.0)
+            # a numerically constant column has no centred energy
+            sq[sq <= 1e-12 * np.maximum(col_sq, 1e-300)] = 0.0
+            r = y - y.mean()
+        else:
+            means = np.zeros_like(col_sums)
+            sq = col_sq
+            r = y.astype(np.float64, copy=True)
+        return {
+            "indptr": np.ascontiguousarray(X.indptr, dtype=np.int64),
+            "indices": np.ascontiguousarray(X.indices, dtype=np.int32),
+            "data": np.ascontiguousarray(X.data, dtype=np.float64),
+            "n": n, "c0": c0, "means": means, "col_sums": col_sums, "sq": sq,
+            "w": np.zeros(c1 - c0), "r": np.ascontiguousarray(r, dtype=np.float64),
+            "pending": {},
+            "row_head": np.full(n, -1, dtype=np.int64),
+            "links": (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64)),
+        }
+
+    def _filter(self, s, idx, keep):
+        indptr = s["indptr"]
+        need = int((indptr[idx + 1] - indptr[idx]).sum())
+        nxt, col, val = s["links"]
+        if len(nxt) < need:
+            cap = max(need, 2 * len(nxt))
+            s["links"] = nxt, col, val = (np.empty(cap, np.int64), np.empty(cap, np.int64),
+                                          np.empty(cap, np.float64))
+        kept = np.empty(min(keep, len(idx)), dtype=np.int64)
+        budget = self.filter_work * max(need, 1) + 10 * s["n"]
+        m = K.dependency_filter(indptr, s["indices"], s["data"], s["means"], s["sq"], idx,
+                                len(kept), self.rho, float(s["n"]), budget, s["row_head"],
+                                nxt, col, val, kept)
+        return kept[:m]
+
+    def push(self, s, plan):
+        kind = plan["kind"]
+        if kind == "cd":
+            idx = plan["idx"]
+            if plan["filter"] and self.rho is not None and len(idx) > 1:
+                kept = self._filter(s, idx, plan["keep"])
+            else:
+                kept = idx[:plan["keep"]]
+            w_old = s["w"][kept]
+            r_before = s["r"].copy()
+            delta = np.empty(len(kept))
+            K.cd_sweep(s["indptr"], s["indices"], s["data"], s["sq"], s["means"],
+                       s["col_sums"], s["w"], s["r"], kept, self.alpha * s["n"], delta)
+            dr = s["r"] - r_before
+            s["pending"][plan["round"]] = (dr, kept, delta)
+            return {"kind": "cd", "dr": _encode(dr), "kept": kept, "delta": delta,
+                    "w_old": w_old, "n_cand": len(plan["idx"])}
+        if kind == "gap":
+            corr = np.empty(len(s["w"]))
+            K.correlations(s["indptr"], s["indices"], s["data"], s["r"], corr)
+            vd = np.empty_like(corr)
+            K.virtual_deltas(corr, s["sq"], s["w"], self.alpha * s["n"], vd)
+            return {"kind": "gap", "dual_norm": float(np.abs(corr).max(initial=0.0)),
+                    "prio": vd * vd, "l1": float(np.abs(s["w"]).sum())}
+        if kind == "refresh":
+            xw = np.zeros(s["n"])
+            K.block_matvec(s["indptr"], s["indices"], s["data"], s["means"], s["w"], xw)
+            return {"kind": "refresh", "xw": _encode(xw), "l1": float(np.abs(s["w"]).sum())}
+        raise ValueError(f"unknown plan kind {kind!r}")
+
+    def apply(self, s, update):
+        kind = update["kind"]
+        if kind == "cd":
+            dr_own, kept, delta = s["pending"].pop(update["round"])
+            r = s["r"]
+            r -= dr_own
+            _decode_add(update["D"], r)
+            t = update["t"]
+            if t != 1.0:
+                s["w"][kept] += (t - 1.0) * delta
+        elif kind == "refresh":
+            s["r"][:] = update["r"]
+            s["pending"].clear()
+
+    def partition_arrays(self, s):
+        return {"w": s["w"].copy()}
+
+    def restore_partition(self, s, arrays):
+        w = np.asarray(arrays["w"], dtype=np.float64)
+        if w.shape != s["w"].shape:
+            raise ValueError(f"checkpoint partition has {w.shape[0]} coefficients, "
+                             f"expected {s['w'].shape[0]}")
+        s["w"][:] = w
+        s["pending"].clear()
+
+    # ================================================================== driver side
+    def partition_specs(self, n_partitions):
+        groups = self.dataset.column_partition(n_partitions)
+        bounds = self.dataset.col_bounds
+        return [{"shards": g, "cols": (int(bounds[g[0]]), int(bounds[g[-1] + 1]))}
+                for g in groups]
+
+    def start(self, n_partitions):
+        ds = self.dataset
+        n, p = ds.shape
+        y = np.asarray(ds.load_y(), dtype=np.float64)
+        specs = self.partition_specs(n_partitions)
+        ytil = y - y.mean() if self.fit_intercept else y.copy()
+        self.driver = {
+            "n": n, "p": p, "P": n_partitions,
+            "starts": np.array([s["cols"][0] for s in specs] + [p], dtype=np.int64),
+            "ytil": ytil, "ynorm2": float(ytil @ ytil),
+            "r": ytil.copy(), "l1": 0.0,
+            "prio": np.zeros(p), "rng": np.random.default_rng(self.seed), "rr": 0,
+            "need_gap": True, "need_refresh": False, "since_check": 0, "n_checks": 0,
+            "gap": np.inf, "objective": 0.5 * float(ytil @ ytil) / n, "converged": False,
+            "updates": 0, "last": {},
+        }
+        self._rebuild_sampler()
+
+    def needs_barrier(self, round):
+        d = self.driver
+        return d["need_gap"] or d["need_refresh"]
+
+    def _candidates(self):
+        d = self.driver
+        p, L = d["p"], min(self.schedule_size, d["p"])
+        kind = self.schedule_kind
+        if kind == "round_robin":
+            idx = (d["rr"] + np.arange(L)) % p
+            d["rr"] = int((d["rr"] + L) % p)
+            return idx, None
+        if kind == "random":
+            return d["rng"].choice(p, size=L, replace=False), None
+        prio = d["prio"]
+        n_draws = min(p, max(1, int(round(self.oversample * L))))
+        out = np.empty(n_draws, dtype=np.int64)
+        m = K.sample_without_replacement(d["tree"], d["sw"], d["rng"].random(n_draws), out)
+        cand = out[:m]
+        cand = cand[np.argsort(-prio[cand], kind="stable")]
+        return cand, L
+
+    def schedule(self, round):
+        d = self.driver
+        P = d["P"]
+        if d["need_refresh"]:
+            return [{"kind": "refresh", "round": round}] * P
+        if d["need_gap"]:
+            return [{"kind": "gap", "round": round}] * P
+        cand, L = self._candidates()
+        owner = np.searchsorted(d["starts"], cand, side="right") - 1
+        plans = []
+        for k in range(P):
+            local = cand[owner == k] - d["starts"][k]
+            keep = len(local) if L is None else int(np.ceil(L * len(local) / max(len(cand), 1)))
+            plans.append({"kind": "cd", "round": round, "idx": local.astype(np.int64),
+                          "keep": keep, "filter": self.schedule_kind == "priority"})
+        return plans
+
+    def _objective(self, r, l1):
+        d = self.driver
+        return 0.5 * float(r @ r) / d["n"] + self.alpha * l1
+
+    def pull(self, round, partials):
+        d = self.driver
+        kind = partials[0]["kind"]
+        n, P = d["n"], d["P"]
+        if kind == "cd":
+            D = np.zeros(n)
+            for part in partials:
+                _decode_add(part["dr"], D)
+            r = d["r"]
+            nalpha = n * self.alpha
+            w_old = [pt["w_old"] for pt in partials]
+            deltas = [pt["delta"] for pt in partials]
+            g0 = 0.5 * float(r @ r) + nalpha * d["l1"]
+
+            def g(t):
+                rt = r + t * D
+                return 0.5 * float(rt @ rt) + nalpha * (
+                    d["l1"] + sum(_l1_change(a, b, t) for a, b in zip(w_old, deltas)))
+
+            t = 1.0
+            g1 = g(1.0)
+            n_active = sum(len(pt["kept"]) > 0 for pt in partials)
+            if n_active > 1 and g1 > g0:
+                # minimiser of the convex upper bound (L1 chord) -- a descent step
+                dl1 = sum(_l1_change(a, b, 1.0) for a, b in zip(w_old, deltas))
+                dd = float(D @ D)
+                t = -(float(r @ D) + nalpha * dl1) / dd if dd > 0 else 0.0
+                t = float(min(max(t, 0.0), 1.0))
+            d["l1"] += sum(_l1_change(a, b, t) for a, b in zip(w_old, deltas))
+            r += t * D
+            n_kept = 0
+            for k, pt in enumerate(partials):
+                kept = pt["kept"]
+                n_kept += len(kept)
+                gidx = kept + d["starts"][k]
+                d["prio"][gidx] = (t * pt["delta"]) ** 2
+                if self.schedule_kind == "priority":
+                    K.fenwick_set(d["tree"], d["sw"], gidx, d["prio"][gidx] + d["floor"])
+            d["since_check"] += n_kept
+            d["updates"] += n_kept
+            d["objective"] = self._objective(r, d["l1"])
+            d["last"] = {"kind": "cd", "n_candidates": int(sum(pt["n_cand"] for pt in partials)),
+                         "n_kept": n_kept, "step": t}
+            if d["since_check"] >= self.check_every:
+                d["need_gap"] = True
+                if (d["n_checks"] + 1) % self.refresh_every == 0:
+                    d["need_refresh"] = True
+            return Broadcast({"kind": "cd", "round": round, "D": _encode(t * D), "t": t})
+        if kind == "gap":
+            d["l1"] = sum(pt["l1"] for pt in partials)
+            d["prio"] = np.concatenate([pt["prio"] for pt in partials])
+            self._rebuild_sampler()
+            dual_norm = max(pt["dual_norm"] for pt in partials)
+            d["gap"] = self._gap(d["r"], d["l1"], dual_norm)
+            d["objective"] = self._objective(d["r"], d["l1"])
+            d["need_gap"] = False
+            d["since_check"] = 0
+            d["n_checks"] += 1
+            d["converged"] = d["gap"] <= self.tol * d["ynorm2"] / n
+            d["last"] = {"kind": "gap", "n_candidates": 0, "n_kept": 0, "step": 0.0}
+            return None
+        if kind == "refresh":
+            xw = np.zeros(n)
+            for part in partials:
+                _decode_add(part["xw"], xw)
+            d["r"] = d["ytil"] - xw
+            d["l1"] = sum(pt["l1"] for pt in partials)
+            d["objective"] = self._objective(d["r"], d["l1"])
+            d["need_refresh"] = False
+            d["last"] = {"kind": "refresh", "n_candidates": 0, "n_kept": 0, "step": 0.0}
+            return Broadcast({"kind": "refresh", "r": d["r"].copy()})
+        raise ValueError(f"unknown partial kind {kind!r}")
+
+    def _rebuild_sampler(self):
+        """Sampling weights (priority + floor) and their Fenwick tree, from ``prio``."""
+        d = self.driver
+        prio = d["prio"]
+        mean = float(prio.mean()) if len(prio) else 0.0
+        d["floor"] = self.eta * mean if mean > 0 else 1.0
+        d["sw"] = prio + d["floor"]
+        d["tree"] = np.empty(len(prio) + 1)
+        K.fenwick_build(d["sw"], d["tree"])
+
+    def _gap(self, r, l1, dual_norm):
+        """scikit-learn's duality gap (same dual point), in units of the 1/(2n) objective."""
+        d = self.driver
+        n = d["n"]
+        alpha_n = self.alpha * n
+        R2 = float(r @ r)
+        if dual_norm > alpha_n:
+            const = alpha_n / dual_norm
+            gap = 0.5 * (R2 + R2 * const * const)
+        else:
+            const = 1.0
+            gap = R2
+        gap += alpha_n * l1 - const * float(r @ d["ytil"])
+        return max(gap, 0.0) / n
+
+    def metrics(self):
+        d = self.driver
+        out = {"objective": d["objective"], "dual_gap": d["gap"], "updates": d["updates"]}
+        out.update(d["last"])
+        return out
+
+    def progress_postfix(self):
+        d = self.driver
+        return {"objective": f"{d['objective']:.6g}", "gap": f"{d['gap']:.2e}"}
+
+    def converged(self):
+        return self.driver["converged"]
+
+    def driver_state(self):
+        d = self.driver
+        return {"prio": d["prio"], "rng": d["rng"].bit_generator.state, "rr": d["rr"],
+                "n_checks": d["n_checks"], "since_check": d["since_check"],
+                "updates": d["updates"], "gap": None if not np.isfinite(d["gap"]) else d["gap"]}
+
+    def load_driver_state(self, state):
+        d = self.driver
+        d["prio"] = np.asarray(state["prio"], dtype=np.float64)
+        self._rebuild_sampler()
+        rng_state = state["rng"]
+        d["rng"].bit_generator.state = rng_state
+        d["rr"] = int(state["rr"])
+        d["n_checks"] = int(state["n_checks"])
+        d["since_check"] = int(state["since_check"])
+        d["updates"] = int(state["updates"])
+        d["gap"] = np.inf if state["gap"] is None else float(state["gap"])
+        # the restored coefficients come without their residual: rebuild it first
+        d["need_refresh"] = True
+        d["need_gap"] = False
+
+    def finish(self, partition_arrays):
+        self.driver["coef"] = np.concatenate([a["w"] for a in partition_arrays])
