@@ -45,9 +45,8 @@ class Lasso(RegressorMixin, BaseEstimator):
         ``schedule_size`` variables in cyclic order (Lasso-RR).  ``"random"``: uniform without
         replacement.
     schedule_size : int or "auto", default="auto"
-        Variables kept per round over all workers.  ``"auto"`` sizes rounds by work: a tenth of
-        the features in-process, a quarter on a Dask cluster, where each round costs a
-        millisecond or more of messaging.
+        Variables kept per round over all workers.  ``"auto"`` sizes rounds by work: an eighth
+        of the features (at least 32), the same on every backend so that results agree.
     eta : float, default=1e-3
         Priority floor, relative to the mean priority, so every variable keeps a chance.
     rho : float or None, default=0.1
@@ -225,8 +224,8 @@ class Lasso(RegressorMixin, BaseEstimator):
                 raise ValueError(f"the dataset has {ds.n_shards} shard(s) but {P} workers "
                                  f"were requested; rewrite it with n_shards >= {P}")
             if self.schedule_size == "auto":
-                frac = 4 if backend.kind != "local" else 10
-                size = max(min(p, 32), p // frac)
+                # sized by work, and the same on every backend so results agree
+                size = max(min(p, 32), p // 8)
             else:
                 size = int(self.schedule_size)
             check_every = p if self.check_every == "auto" else int(self.check_every)
@@ -249,12 +248,7 @@ class Lasso(RegressorMixin, BaseEstimator):
                 shutil.rmtree(tmpdir, ignore_errors=True)
         d = program.driver
         self.coef_ = d["coef"]
-        if self.fit_intercept:
-            col_sums, _ = ds.load_col_stats()
-            y_mean = float(np.mean(ds.load_y()))
-            self.intercept_ = y_mean - float(col_sums @ self.coef_) / n
-        else:
-            self.intercept_ = 0.0
+        self.intercept_ = float(d["intercept"])
         self.n_iter_ = result.n_rounds
         self.n_updates_ = d["updates"]
         self.dual_gap_ = float(d["gap"])

@@ -190,7 +190,7 @@ class LassoProgram(Program):
         self.driver = {
             "n": n, "p": p, "P": n_partitions,
             "starts": np.array([s["cols"][0] for s in specs] + [p], dtype=np.int64),
-            "ytil": ytil, "ynorm2": float(ytil @ ytil),
+            "ytil": ytil, "ynorm2": float(ytil @ ytil), "ymean": float(y.mean()),
             "r": ytil.copy(), "l1": 0.0,
             "prio": np.zeros(p), "rng": np.random.default_rng(self.seed), "rr": 0,
             "need_gap": True, "need_refresh": False, "since_check": 0, "n_checks": 0,
@@ -375,4 +375,10 @@ class LassoProgram(Program):
         d["need_gap"] = False
 
     def finish(self, partition_arrays):
-        self.driver["coef"] = np.concatenate([a["w"] for a in partition_arrays])
+        d = self.driver
+        d["coef"] = coef = np.concatenate([a["w"] for a in partition_arrays])
+        if self.fit_intercept:
+            col_sums, _ = self.dataset.load_col_stats()
+            d["intercept"] = d["ymean"] - float(np.asarray(col_sums) @ coef) / d["n"]
+        else:
+            d["intercept"] = 0.0

@@ -9,23 +9,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-
-def balanced_contiguous_groups(weights, n_parts: int) -> list[list[int]]:
-    """Split ``range(len(weights))`` into ``n_parts`` contiguous, non-empty groups of about
-    equal total weight."""
-    weights = np.asarray(weights, dtype=np.float64)
-    n = len(weights)
-    if not 1 <= n_parts <= n:
-        raise ValueError(f"cannot split {n} shard(s) into {n_parts} partition(s)")
-    cum = np.concatenate([[0.0], np.cumsum(weights + 1e-12)])
-    targets = cum[-1] * np.arange(1, n_parts) / n_parts
-    cuts = np.searchsorted(cum, targets, side="left")
-    bounds = [0]
-    for i, c in enumerate(cuts):
-        c = int(min(max(c, bounds[-1] + 1), n - (n_parts - 1 - i)))
-        bounds.append(c)
-    bounds.append(n)
-    return [list(range(bounds[i], bounds[i + 1])) for i in range(n_parts)]
+from ..io.sparse import _balanced_bounds, column_stats
 
 
 class InMemorySparseDataset:
@@ -36,27 +20,27 @@ class InMemorySparseDataset:
     def __init__(self, X, y, n_shards: int = 1):
         X = sp.csc_matrix(X, dtype=np.float64)
         X.sum_duplicates()
+        X.eliminate_zeros()
         X.sort_indices()
         self._X = X
         self._y = np.asarray(y, dtype=np.float64)
+        self._stats = None
         n, p = X.shape
         self.shape = (n, p)
         self.n_samples, self.n_features = n, p
         self.nnz = int(X.nnz)
         n_shards = max(1, min(int(n_shards), p))
         self.n_shards = n_shards
-        nnz_col = np.diff(X.indptr)
-        groups = balanced_contiguous_groups(nnz_col + 1.0, n_shards)
-        self.col_bounds = np.array([g[0] for g in groups] + [p], dtype=np.int64)
+        # the same split as dmp.io.write_sparse, so both backends see the same partitions
+        self.col_bounds = _balanced_bounds(np.diff(X.indptr), n_shards)
 
     def load_y(self) -> np.ndarray:
         return self._y
 
     def load_col_stats(self):
-        X = self._X
-        col_sums = np.asarray(X.sum(axis=0)).ravel()
-        col_sq = np.asarray(X.multiply(X).sum(axis=0)).ravel()
-        return col_sums, col_sq
+        if self._stats is None:
+            self._stats = column_stats(self._X)
+        return self._stats
 
     def shard_nnz(self) -> np.ndarray:
         return np.diff(self._X.indptr[self.col_bounds])
@@ -66,4 +50,5 @@ class InMemorySparseDataset:
         return self._X[:, c0:c1]
 
     def column_partition(self, n_parts: int) -> list[list[int]]:
-        return balanced_contiguous_groups(self.shard_nnz().astype(float), n_parts)
+        b = _balanced_bounds(self.shard_nnz(), n_parts)
+        return [list(range(int(b[i]), int(b[i + 1]))) for i in range(n_parts)]

@@ -1,0 +1,661 @@
+"""Column-block sparse datasets stored as Zarr v3 groups.
+
+Layout of a dataset at ``<path>``::
+
+    <path>/                 zarr v3 group, attrs: dmp_format, kind, shape, nnz, n_shards,
+                            col_bounds, shard_nnz, dtype, complete, created_by
+      y                     float64[n]
+      col_sums              float64[p]   (sum_i X_ij)
+      col_sq_norms          float64[p]   (sum_i X_ij**2)
+      shards/s0000/indptr   int64[c1-c0+1]  CSC of columns [c0, c1), all n rows
+      shards/s0000/indices  int32[nnz_k]    sorted row indices, no duplicates
+      shards/s0000/data     float64[nnz_k]
+      shards/s0001/...
+
+Shard ``k`` holds the columns ``col_bounds[k]:col_bounds[k + 1]``.  Workers open the
+dataset by path (plus ``storage_options``) and read only the shards they own.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import zarr
+from zarr.codecs import BloscCodec, ZstdCodec
+
+__all__ = ["DatasetError", "SparseDataset", "write_sparse", "open_dataset"]
+
+FORMAT_VERSION = 1
+KIND = "sparse-columns"
+TARGET_SHARD_NNZ = 2_000_000
+MAX_CHUNK = 4 * 1024 * 1024
+_DENSE_BLOCK_ELEMS = 1 << 24  # dask -> sparse conversion: at most 16M dense values at once
+_REQUIRED_ATTRS = ("shape", "nnz", "n_shards", "col_bounds", "dtype", "complete")
+
+
+class DatasetError(ValueError):
+    """A dataset (or the data passed to build one) is invalid or corrupted."""
+
+
+class _ShardIndexError(DatasetError, IndexError):
+    """Shard index out of range (both a `DatasetError` and an `IndexError`)."""
+
+
+# --------------------------------------------------------------------------- paths
+
+
+def _normalize_path(path) -> str:
+    """Return ``path`` as a string: ``~`` expanded, ``file://`` stripped for local paths."""
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if not isinstance(path, str):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    if path.startswith("file://"):
+        path = path[len("file://"):]
+    if _is_remote(path):
+        return path.rstrip("/")
+    return os.path.expanduser(path).rstrip(os.sep) or os.sep
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def _fs(path: str, storage_options):
+    import fsspec.core
+
+    fs, fpath = fsspec.core.url_to_fs(path, **(storage_options or {}))
+    return fs, fpath
+
+
+def _exists(path: str, storage_options) -> bool:
+    if _is_remote(path):
+        fs, fpath = _fs(path, storage_options)
+        return fs.exists(fpath)
+    return os.path.exists(path)
+
+
+def _open_group(path: str, storage_options, mode: str = "r"):
+    if _is_remote(path) and storage_options:
+        return zarr.open_group(path, mode=mode, storage_options=storage_options, zarr_format=3)
+    return zarr.open_group(path, mode=mode, zarr_format=3)
+
+
+# --------------------------------------------------------------------------- partitioning
+
+
+def _balanced_bounds(weights: np.ndarray, n_parts: int) -> np.ndarray:
+    """Split ``len(weights)`` items into ``n_parts`` contiguous non-empty ranges.
+
+    Returns bounds ``[0, b1, ..., len(weights)]`` whose ranges have roughly equal total
+    weight.  Requires ``1 <= n_parts <= len(weights)``.
+    """
+    weights = np.asarray(weights, dtype=np.float64)
+    m = len(weights)
+    if not 1 <= n_parts <= m:
+        raise ValueError(f"cannot split {m} items into {n_parts} non-empty parts")
+    cum = np.concatenate([[0.0], np.cumsum(weights)])
+    total = cum[-1]
+    if total <= 0:
+        cum = np.arange(m + 1, dtype=np.float64)
+        total = float(m)
+    targets = total * np.arange(1, n_parts) / n_parts
+    idx = np.searchsorted(cum, targets, side="left")
+    idx = np.clip(idx, 1, m)
+    prev = idx - 1
+    closer_prev = np.abs(cum[prev] - targets) <= np.abs(cum[idx] - targets)
+    b = np.where(closer_prev & (prev >= 1), prev, idx).astype(np.int64)
+    bounds = np.concatenate([[0], b, [m]]).astype(np.int64)
+    for k in range(1, n_parts):  # forward: strictly increasing
+        bounds[k] = max(bounds[k], bounds[k - 1] + 1)
+    for k in range(n_parts - 1, 0, -1):  # backward: leave room for the later parts
+        bounds[k] = min(bounds[k], bounds[k + 1] - 1)
+    return bounds
+
+
+# --------------------------------------------------------------------------- input adapters
+
+
+def column_stats(M: sp.csc_matrix) -> tuple[np.ndarray, np.ndarray]:
+    """Column sums and squared norms of a CSC block (one summation order everywhere, so
+    in-memory and stored datasets agree to the last bit)."""
+    cols = np.repeat(np.arange(M.shape[1]), np.diff(M.indptr))
+    sums = np.bincount(cols, weights=M.data, minlength=M.shape[1])
+    sq = np.bincount(cols, weights=M.data * M.data, minlength=M.shape[1])
+    return sums, sq
+
+
+def _is_dask(x) -> bool:
+    return type(x).__module__.startswith("dask.") and hasattr(x, "compute")
+
+
+def _to_csc(block) -> sp.csc_matrix:
+    """Convert a 2-D numpy/scipy block to a canonical float64 CSC matrix (zeros dropped)."""
+    if sp.issparse(block):
+        M = sp.csc_matrix(block, dtype=np.float64, copy=True)
+    else:
+        arr = np.asarray(block)
+        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number)
+                                       or arr.dtype == bool):
+            raise DatasetError(f"X must be numeric, got dtype {arr.dtype}")
+        M = sp.csc_matrix(arr.astype(np.float64, copy=False))
+    M.sum_duplicates()
+    M.eliminate_zeros()
+    M.sort_indices()
+    return M
+
+
+class _InMemorySource:
+    def __init__(self, X):
+        self.M = _to_csc(X)
+        self.shape = self.M.shape
+        if not np.all(np.isfinite(self.M.data)):
+            raise DatasetError("X contains NaN or infinite values")
+
+    def col_nnz(self) -> np.ndarray:
+        return np.diff(self.M.indptr).astype(np.int64)
+
+    def block(self, c0: int, c1: int) -> sp.csc_matrix:
+        return self.M[:, c0:c1]
+
+
+class _DaskSource:
+    def __init__(self, X):
+        self.X = X
+        self.shape = tuple(int(s) for s in X.shape)
+        self._width = max(1, _DENSE_BLOCK_ELEMS // max(1, self.shape[0]))
+
+    def col_nnz(self) -> np.ndarray:
+        import dask.array as da
+
+        return np.asarray(da.count_nonzero(self.X, axis=0).compute(), dtype=np.int64)
+
+    def block(self, c0: int, c1: int) -> sp.csc_matrix:
+        parts = []
+        for a in range(c0, c1, self._width):
+            b = min(c1, a + self._width)
+            M = _to_csc(self.X[:, a:b].compute())
+            if not np.all(np.isfinite(M.data)):
+                raise DatasetError(f"X contains NaN or infinite values (columns {a}:{b})")
+            parts.append(M)
+        if len(parts) == 1:
+            return parts[0]
+        return sp.hstack(parts, format="csc")
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _write_array(group, name: str, values: np.ndarray, dtype: str) -> None:
+    """Create the 1-D array ``name`` in ``group`` and fill it with ``values``."""
+    values = np.ascontiguousarray(values, dtype=dtype)
+    n = int(values.shape[0])
+    if np.dtype(dtype).kind == "f":
+        comp = BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")
+    else:
+        comp = ZstdCodec(level=3)
+    z = group.create_array(name, shape=(n,), dtype=dtype, chunks=(max(1, min(n, MAX_CHUNK)),),
+                           compressors=comp)
+    if n:
+        z[:] = values
+
+
+def _check_n_shards(n_shards, p: int) -> int:
+    if isinstance(n_shards, bool) or not isinstance(n_shards, (int, np.integer)):
+        raise DatasetError(f"n_shards must be an integer, got {n_shards!r}")
+    n_shards = int(n_shards)
+    if not 1 <= n_shards <= p:
+        raise DatasetError(f"n_shards must be in [1, {p}] (the number of columns), "
+                           f"got {n_shards}")
+    return n_shards
+
+
+def write_sparse(path, X, y, *, n_shards=None, overwrite=False,
+                 storage_options=None) -> "SparseDataset":
+    """Write a design matrix and targets as a column-block sparse dataset.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Destination (local path or fsspec URL such as ``s3://bucket/ds.zarr``).
+    X : array-like of shape (n, p)
+        Numpy array, scipy.sparse matrix/array, or dask array (converted one column
+        block at a time).  Explicit zeros are dropped.
+    y : array-like of shape (n,)
+        Targets.
+    n_shards : int, optional
+        Number of column shards, in ``[1, p]``.  Default: about 2M stored values per shard.
+        Column bounds are chosen so that shards hold roughly equal numbers of nonzeros.
+    overwrite : bool, default False
+        Replace an existing dataset at ``path`` (removed only once the new one is complete).
+    storage_options : dict, optional
+        fsspec options for remote URLs.
+
+    Returns
+    -------
+    SparseDataset
+
+    Raises
+    ------
+    DatasetError
+        Invalid ``X``, ``y`` or ``n_shards``.
+    FileExistsError
+        ``path`` exists and ``overwrite`` is False.
+    """
+    path = _normalize_path(path)
+    if _exists(path, storage_options) and not overwrite:
+        raise FileExistsError(f"{path!r} already exists; pass overwrite=True to replace it")
+
+    if _is_dask(X):
+        if X.ndim != 2:
+            raise DatasetError(f"X must be 2-D, got {X.ndim}-D with shape {X.shape}")
+        src = _DaskSource(X)
+    else:
+        if not sp.issparse(X):
+            X = np.asarray(X)
+            if X.ndim != 2:
+                raise DatasetError(f"X must be 2-D, got {X.ndim}-D with shape {X.shape}")
+        elif len(X.shape) != 2:
+            raise DatasetError(f"X must be 2-D, got shape {X.shape}")
+        if X.shape[0] < 1 or X.shape[1] < 1:
+            raise DatasetError(f"X must be non-empty, got shape {tuple(X.shape)}")
+        src = _InMemorySource(X)
+    n, p = src.shape
+    if n < 1 or p < 1:
+        raise DatasetError(f"X must be non-empty, got shape {(n, p)}")
+    if n > np.iinfo(np.int32).max:
+        raise DatasetError(f"X has {n} rows; row indices are stored as int32 "
+                           f"(at most {np.iinfo(np.int32).max} rows)")
+
+    try:
+        y = np.asarray(y, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise DatasetError(f"y must be numeric: {e}") from None
+    if y.ndim != 1:
+        raise DatasetError(f"y must be 1-D, got shape {y.shape}")
+    if len(y) != n:
+        raise DatasetError(f"len(y) = {len(y)} does not match X.shape[0] = {n}")
+    if not np.all(np.isfinite(y)):
+        raise DatasetError("y contains NaN or infinite values")
+
+    col_nnz = src.col_nnz()
+    total = int(col_nnz.sum())
+    if n_shards is None:
+        n_shards = min(p, max(1, -(-total // TARGET_SHARD_NNZ)))
+    n_shards = _check_n_shards(n_shards, p)
+    col_bounds = _balanced_bounds(col_nnz, n_shards)
+
+    attrs: dict[str, Any] = {
+        "dmp_format": FORMAT_VERSION, "kind": KIND, "shape": [int(n), int(p)],
+        "nnz": total, "n_shards": n_shards, "col_bounds": [int(c) for c in col_bounds],
+        "dtype": "float64", "complete": False, "created_by": "dmp",
+    }
+
+    remote = _is_remote(path)
+    target = path if remote else f"{path}.tmp-{uuid.uuid4().hex}"
+    try:
+        g = _open_group(target, storage_options, mode="w")
+        g.attrs.update(attrs)
+        _write_array(g, "y", y, "float64")
+        col_sums = np.zeros(p)
+        col_sq = np.zeros(p)
+        shard_nnz = []
+        for k in range(n_shards):
+            c0, c1 = int(col_bounds[k]), int(col_bounds[k + 1])
+            M = src.block(c0, c1)
+            col_sums[c0:c1], col_sq[c0:c1] = column_stats(M)
+            sg = g.require_group(f"shards/s{k:04d}")
+            _write_array(sg, "indptr", M.indptr, "int64")
+            _write_array(sg, "indices", M.indices, "int32")
+            _write_array(sg, "data", M.data, "float64")
+            shard_nnz.append(int(M.nnz))
+        if sum(shard_nnz) != total:
+            raise DatasetError(f"X changed while being written: counted {total} nonzeros, "
+                               f"wrote {sum(shard_nnz)}")
+        _write_array(g, "col_sums", col_sums, "float64")
+        _write_array(g, "col_sq_norms", col_sq, "float64")
+        g.attrs.update({"shard_nnz": shard_nnz})
+        g.attrs.update({"complete": True})  # last
+        if not remote:
+            _replace_dir(target, path, overwrite)
+    except BaseException:
+        _cleanup(target, storage_options)
+        raise
+    return open_dataset(path, storage_options=storage_options)
+
+
+def _replace_dir(tmp: str, path: str, overwrite: bool) -> None:
+    """Move the finished ``tmp`` onto ``path``; remove the old ``path`` afterwards."""
+    if not os.path.exists(path):
+        os.replace(tmp, path)
+        return
+    if not overwrite:
+        raise FileExistsError(f"{path!r} already exists; pass overwrite=True to replace it")
+    old = f"{path}.tmp-{uuid.uuid4().hex}-old"
+    os.replace(path, old)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        os.replace(old, path)
+        raise
+    if os.path.isdir(old):
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.remove(old)
+
+
+def _cleanup(target: str, storage_options) -> None:
+    try:
+        if _is_remote(target):
+            fs, fpath = _fs(target, storage_options)
+            if fs.exists(fpath):
+                fs.rm(fpath, recursive=True)
+        elif os.path.exists(target):
+            shutil.rmtree(target, ignore_errors=True)
+    except Exception:  # best effort; never hide the original error
+        pass
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def open_dataset(path, *, storage_options=None) -> "SparseDataset":
+    """Open a dataset written by `write_sparse`, reading metadata only.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Local path or fsspec URL.
+    storage_options : dict, optional
+        fsspec options for remote URLs.
+
+    Returns
+    -------
+    SparseDataset
+
+    Raises
+    ------
+    FileNotFoundError
+        Nothing exists at ``path``.
+    DatasetError
+        ``path`` is not a complete dmp sparse dataset.
+    """
+    path = _normalize_path(path)
+    if not _exists(path, storage_options):
+        raise FileNotFoundError(f"no dmp dataset at {path!r}: path does not exist")
+    try:
+        g = _open_group(path, storage_options)
+    except Exception as e:
+        raise DatasetError(f"{path!r} is not a dmp dataset: not a zarr v3 group "
+                           f"({type(e).__name__}: {e})") from None
+    attrs = dict(g.attrs)
+    fmt = attrs.get("dmp_format")
+    if fmt is None:
+        raise DatasetError(f"{path!r} is not a dmp dataset: attribute 'dmp_format' is missing")
+    if fmt != FORMAT_VERSION:
+        raise DatasetError(f"{path!r}: unsupported dmp_format {fmt!r} "
+                           f"(this version reads {FORMAT_VERSION})")
+    if attrs.get("kind") != KIND:
+        raise DatasetError(f"{path!r}: kind is {attrs.get('kind')!r}, expected {KIND!r}")
+    missing = [a for a in _REQUIRED_ATTRS if a not in attrs]
+    if missing:
+        raise DatasetError(f"{path!r}: attributes missing: {', '.join(missing)}")
+    if attrs["complete"] is not True:
+        raise DatasetError(f"{path!r}: dataset is incomplete (an interrupted write?); "
+                           "rewrite it")
+    return SparseDataset(path, attrs, storage_options=storage_options)
+
+
+class SparseDataset:
+    """Handle on a column-block sparse dataset (metadata only; picklable).
+
+    Arrays are read on demand by the ``load_*`` methods, each of which opens the Zarr
+    group afresh, so the object can be shipped to workers.
+
+    Parameters
+    ----------
+    path : str
+        Dataset location.
+    attrs : dict
+        Group attributes (as written by `write_sparse`).
+    storage_options : dict, optional
+        fsspec options for remote URLs.
+
+    Attributes
+    ----------
+    path, storage_options, shape, n_samples, n_features, nnz, n_shards, col_bounds, dtype
+    """
+
+    def __init__(self, path: str, attrs: dict, *, storage_options=None):
+        self.path = path
+        self.storage_options = storage_options
+        try:
+            n, p = (int(s) for s in attrs["shape"])
+            self.shape = (n, p)
+            self.n_samples, self.n_features = n, p
+            self.nnz = int(attrs["nnz"])
+            self.n_shards = int(attrs["n_shards"])
+            self.col_bounds = np.asarray(attrs["col_bounds"], dtype=np.int64)
+            self.dtype = np.dtype(attrs["dtype"])
+            sn = attrs.get("shard_nnz")
+            self._shard_nnz = None if sn is None else np.asarray(sn, dtype=np.int64)
+        except (KeyError, TypeError, ValueError) as e:
+            raise DatasetError(f"{path!r}: malformed attributes ({e})") from None
+        cb = self.col_bounds
+        if (n < 1 or p < 1 or self.n_shards < 1 or cb.shape != (self.n_shards + 1,)
+                or cb[0] != 0 or cb[-1] != p or np.any(np.diff(cb) < 1)):
+            raise DatasetError(f"{path!r}: inconsistent attributes: shape={self.shape}, "
+                               f"n_shards={self.n_shards}, col_bounds={cb.tolist()}")
+        if self._shard_nnz is not None and (self._shard_nnz.shape != (self.n_shards,)
+                                            or int(self._shard_nnz.sum()) != self.nnz):
+            raise DatasetError(f"{path!r}: attribute 'shard_nnz' does not match "
+                               f"n_shards={self.n_shards} and nnz={self.nnz}")
+
+    def __repr__(self) -> str:
+        return (f"SparseDataset({self.path!r}, shape={self.shape}, nnz={self.nnz}, "
+                f"n_shards={self.n_shards})")
+
+    # -- helpers
+    def _group(self):
+        try:
+            return _open_group(self.path, self.storage_options)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no dmp dataset at {self.path!r} "
+                                    "(it was removed after opening)") from None
+
+    def _read(self, g, name: str, what: str, dtype: str, length: int | None = None):
+        try:
+            z = g[name]
+        except KeyError:
+            raise DatasetError(f"{what}: array {name.rsplit('/', 1)[-1]!r} is missing "
+                               f"({self.path}/{name})") from None
+        short = name.rsplit("/", 1)[-1]
+        if z.ndim != 1:
+            raise DatasetError(f"{what}: {short!r} must be 1-D, has shape {z.shape}")
+        if z.dtype != np.dtype(dtype):
+            raise DatasetError(f"{what}: {short!r} has dtype {z.dtype}, expected {dtype}")
+        if length is not None and z.shape[0] != length:
+            raise DatasetError(f"{what}: {short!r} has length {z.shape[0]}, expected {length}")
+        try:
+            return np.asarray(z[:]) if z.shape[0] else np.zeros(0, dtype=dtype)
+        except Exception as e:
+            raise DatasetError(f"{what}: cannot read {short!r} ({type(e).__name__}: {e})") \
+                from None
+
+    # -- public
+    def load_y(self) -> np.ndarray:
+        """Return the targets, float64 of shape (n_samples,)."""
+        y = self._read(self._group(), "y", "dataset", "float64", self.n_samples)
+        if not np.all(np.isfinite(y)):
+            raise DatasetError("dataset: 'y' contains NaN or infinite values")
+        return y
+
+    def load_col_stats(self) -> tuple[np.ndarray, np.ndarray]:
+        """Return ``(col_sums, col_sq_norms)``, float64 of shape (n_features,) each."""
+        g = self._group()
+        out = []
+        for name in ("col_sums", "col_sq_norms"):
+            a = self._read(g, name, "dataset", "float64", self.n_features)
+            if not np.all(np.isfinite(a)):
+                raise DatasetError(f"dataset: {name!r} contains NaN or infinite values")
+            out.append(a)
+        if np.any(out[1] < 0):
+            raise DatasetError("dataset: 'col_sq_norms' has negative values")
+        return out[0], out[1]
+
+    def _check_k(self, k) -> int:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise TypeError(f"shard index must be an integer, got {k!r}")
+        if not 0 <= k < self.n_shards:
+            raise _ShardIndexError(f"shard {k} out of range: dataset has {self.n_shards} shards")
+        return int(k)
+
+    def _load_arrays(self, g, k: int):
+        k = self._check_k(k)
+        c0, c1 = int(self.col_bounds[k]), int(self.col_bounds[k + 1])
+        what = f"shard {k}"
+        base = f"shards/s{k:04d}"
+        n = self.n_samples
+        indptr = self._read(g, f"{base}/indptr", what, "int64", c1 - c0 + 1)
+        if indptr[0] != 0:
+            raise DatasetError(f"{what}: 'indptr' starts at {indptr[0]}, expected 0")
+        if np.any(np.diff(indptr) < 0):
+            raise DatasetError(f"{what}: 'indptr' is not non-decreasing")
+        nnz = int(indptr[-1])
+        indices = self._read(g, f"{base}/indices", what, "int32")
+        if len(indices) != nnz:
+            raise DatasetError(f"{what}: 'indices' has length {len(indices)} but "
+                               f"indptr[-1] = {nnz}")
+        data = self._read(g, f"{base}/data", what, "float64")
+        if len(data) != nnz:
+            raise DatasetError(f"{what}: 'data' has length {len(data)} but indptr[-1] = {nnz}")
+        if nnz and (indices.min() < 0 or indices.max() >= n):
+            raise DatasetError(f"{what}: 'indices' has values outside [0, {n})")
+        if nnz > 1:
+            d = np.diff(indices.astype(np.int64))
+            starts = indptr[1:-1]
+            starts = starts[(starts > 0) & (starts < nnz)] - 1  # diffs across column starts
+            ok = d > 0
+            ok[starts] = True
+            if not ok.all():
+                raise DatasetError(f"{what}: 'indices' are not strictly increasing within a "
+                                   "column (unsorted or duplicate row indices)")
+        if not np.all(np.isfinite(data)):
+            raise DatasetError(f"{what}: 'data' contains NaN or infinite values")
+        if self._shard_nnz is not None and nnz != self._shard_nnz[k]:
+            raise DatasetError(f"{what}: 'indptr' gives {nnz} nonzeros, attribute "
+                               f"'shard_nnz' says {int(self._shard_nnz[k])}")
+        return indptr, indices, data, c1 - c0
+
+    @staticmethod
+    def _csc(data, indices, indptr, shape) -> sp.csc_matrix:
+        M = sp.csc_matrix((data, indices, indptr), shape=shape)
+        M.indices = indices.astype(np.int32, copy=False)
+        M.indptr = indptr.astype(np.int64, copy=False)
+        return M
+
+    def load_shard(self, k: int) -> sp.csc_matrix:
+        """Load and validate shard ``k``.
+
+        Returns
+        -------
+        scipy.sparse.csc_matrix
+            Shape ``(n_samples, col_bounds[k+1] - col_bounds[k])``; float64 data,
+            int32 indices, int64 indptr.
+
+        Raises
+        ------
+        DatasetError
+            ``k`` out of range, or a missing or corrupted array (named in the message).
+        """
+        indptr, indices, data, w = self._load_arrays(self._group(), k)
+        return self._csc(data, indices, indptr, (self.n_samples, w))
+
+    def load_shards(self, ks) -> sp.csc_matrix:
+        """Load consecutive shards ``ks`` and stack them horizontally.
+
+        Parameters
+        ----------
+        ks : sequence of int
+            Contiguous increasing shard indices, e.g. ``[3, 4, 5]``.
+
+        Returns
+        -------
+        scipy.sparse.csc_matrix
+            Columns ``col_bounds[ks[0]]:col_bounds[ks[-1] + 1]``.
+        """
+        ks = [self._check_k(k) for k in ks]
+        if not ks:
+            raise ValueError("ks must contain at least one shard index")
+        if any(b != a + 1 for a, b in zip(ks, ks[1:])):
+            raise ValueError(f"ks must be contiguous and increasing, got {ks}")
+        g = self._group()
+        ptrs, inds, datas, width = [], [], [], 0
+        offset = 0
+        for i, k in enumerate(ks):
+            indptr, indices, data, w = self._load_arrays(g, k)
+            ptrs.append(indptr[(1 if i else 0):] + offset)
+            offset += int(indptr[-1])
+            inds.append(indices)
+            datas.append(data)
+            width += w
+        return self._csc(np.concatenate(datas), np.concatenate(inds),
+                         np.concatenate(ptrs), (self.n_samples, width))
+
+    def shard_nnz(self) -> np.ndarray:
+        """Return the number of stored values per shard (int64, from metadata)."""
+        if self._shard_nnz is None:  # fallback for datasets without the attribute
+            g = self._group()
+            self._shard_nnz = np.array(
+                [int(g[f"shards/s{k:04d}/indptr"][-1]) for k in range(self.n_shards)],
+                dtype=np.int64)
+        return self._shard_nnz.copy()
+
+    def validate(self) -> "SparseDataset":
+        """Read every array, shard by shard; raise `DatasetError` on the first problem."""
+        self.load_y()
+        col_sums, col_sq = self.load_col_stats()
+        g = self._group()
+        total = 0
+        for k in range(self.n_shards):
+            indptr, indices, data, w = self._load_arrays(g, k)
+            total += len(data)
+            c0, c1 = self.col_bounds[k], self.col_bounds[k + 1]
+            cols = np.repeat(np.arange(w), np.diff(indptr))
+            s = np.bincount(cols, weights=data, minlength=w)
+            q = np.bincount(cols, weights=data * data, minlength=w)
+            if not (np.allclose(s, col_sums[c0:c1], rtol=1e-9, atol=1e-9)
+                    and np.allclose(q, col_sq[c0:c1], rtol=1e-9, atol=1e-9)):
+                raise DatasetError(f"shard {k}: 'col_sums'/'col_sq_norms' do not match the "
+                                   "shard data")
+        if total != self.nnz:
+            raise DatasetError(f"dataset: shards hold {total} nonzeros, attribute 'nnz' "
+                               f"says {self.nnz}")
+        return self
+
+    def column_partition(self, n_parts: int) -> list[list[int]]:
+        """Split the shards into ``n_parts`` contiguous groups of roughly equal nnz.
+
+        Parameters
+        ----------
+        n_parts : int
+            Number of groups, ``1 <= n_parts <= n_shards``.
+
+        Returns
+        -------
+        list of list of int
+            Shard indices of each group, in order; every group is non-empty.
+        """
+        if isinstance(n_parts, bool) or not isinstance(n_parts, (int, np.integer)) \
+                or n_parts < 1:
+            raise ValueError(f"n_parts must be a positive integer, got {n_parts!r}")
+        if n_parts > self.n_shards:
+            raise ValueError(f"cannot split into {n_parts} parts: the dataset has only "
+                             f"{self.n_shards} shards; rewrite it with n_shards >= {n_parts}")
+        b = _balanced_bounds(self.shard_nnz(), int(n_parts))
+        return [list(range(int(b[i]), int(b[i + 1]))) for i in range(n_parts)]

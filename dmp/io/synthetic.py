@@ -1,0 +1,171 @@
+"""Synthetic sparse Lasso problems (STRADS-style, p >> n)."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["make_sparse_lasso", "make_correlated_lasso", "lasso_alpha_max"]
+
+
+def _check_int(name, value, low=1):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def _check_real(name, value, low, high, low_open=False):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+            or not np.isfinite(value):
+        raise ValueError(f"{name} must be a finite real number, got {value!r}")
+    if value < low or value > high or (low_open and value == low):
+        lo = "(" if low_open else "["
+        raise ValueError(f"{name} must be in {lo}{low}, {high}], got {value!r}")
+    return float(value)
+
+
+def make_sparse_lasso(n=10_000, p=100_000, density=1e-3, frac_nz=0.01, noise_rel=0.1,
+                      seed=0):
+    """Random sparse Lasso problem with i.i.d. N(0, 1) entries at uniform positions.
+
+    Parameters
+    ----------
+    n, p : int
+        Number of samples and features.
+    density : float
+        Expected fraction of stored entries (``round(density * n * p)`` draws; duplicate
+        positions are summed).
+    frac_nz : float
+        Fraction of nonzero coefficients in the true ``beta``.
+    noise_rel : float
+        Noise standard deviation relative to ``std(X @ beta)``.
+    seed : int
+        Seed of `numpy.random.default_rng`.
+
+    Returns
+    -------
+    X : scipy.sparse.csc_matrix, shape (n, p)
+    y : numpy.ndarray, shape (n,)
+    beta : numpy.ndarray, shape (p,)
+    """
+    _check_int("n", n)
+    _check_int("p", p)
+    _check_real("density", density, 0.0, 1.0)
+    _check_real("frac_nz", frac_nz, 0.0, 1.0)
+    _check_real("noise_rel", noise_rel, 0.0, np.inf)
+    # Do not change anything below: it reproduces published anchor numbers bit for bit.
+    rng = np.random.default_rng(seed)
+    nnz = int(round(density * n * p))
+    rows = rng.integers(0, n, nnz)
+    cols = rng.integers(0, p, nnz)
+    vals = rng.standard_normal(nnz)
+    X = sp.coo_matrix((vals, (rows, cols)), shape=(n, p)).tocsc()
+    X.sum_duplicates()
+    X.sort_indices()
+    k = int(round(frac_nz * p))
+    support = rng.permutation(p)[:k]
+    beta = np.zeros(p)
+    beta[support] = rng.standard_normal(k)
+    Xb = X @ beta
+    y = Xb + noise_rel * Xb.std() * rng.standard_normal(n)
+    return X, y, beta
+
+
+def make_correlated_lasso(n=2_000, p=20_000, density=0.01, group_size=10, group_corr=0.8,
+                          frac_nz=0.01, noise_rel=0.1, seed=0):
+    """Sparse Lasso problem (p >> n) with groups of correlated columns.
+
+    Consecutive groups of ``group_size`` columns share a latent sparse column ``z``
+    (``max(1, round(density * n))`` rows, N(0, 1) values).  Each column of the group is
+    ``sqrt(group_corr) * z + sqrt(1 - group_corr) * e`` on the latent support (``e``
+    independent N(0, 1)), plus ``round(0.05 * support_size)`` independent N(0, 1)
+    entries at random rows.  Columns of a group therefore have cosine similarity of
+    about ``group_corr`` (slightly less, because of the extra entries); columns of
+    different groups are nearly uncorrelated.
+
+    Parameters
+    ----------
+    n, p : int
+        Number of samples and features.
+    density : float
+        Fraction of rows in each latent support, in (0, 1].
+    group_size : int
+        Columns per group (the last group may be smaller).
+    group_corr : float
+        Target within-group correlation, in [0, 1].
+    frac_nz : float
+        Fraction of nonzero coefficients in the true ``beta`` (N(0, 1) values).
+    noise_rel : float
+        Noise standard deviation relative to ``std(X @ beta)``.
+    seed : int
+        Seed of `numpy.random.default_rng`.
+
+    Returns
+    -------
+    X : scipy.sparse.csc_matrix, shape (n, p)
+    y : numpy.ndarray, shape (n,)
+    beta : numpy.ndarray, shape (p,)
+    """
+    n = _check_int("n", n)
+    p = _check_int("p", p)
+    density = _check_real("density", density, 0.0, 1.0, low_open=True)
+    group_size = _check_int("group_size", group_size)
+    group_corr = _check_real("group_corr", group_corr, 0.0, 1.0)
+    frac_nz = _check_real("frac_nz", frac_nz, 0.0, 1.0)
+    noise_rel = _check_real("noise_rel", noise_rel, 0.0, np.inf)
+
+    rng = np.random.default_rng(seed)
+    s = max(1, int(round(density * n)))
+    n_extra = int(round(0.05 * s))
+    a, b = np.sqrt(group_corr), np.sqrt(1.0 - group_corr)
+    rows_l, cols_l, vals_l = [], [], []
+    for c0 in range(0, p, group_size):
+        gs = min(group_size, p - c0)
+        support = rng.choice(n, size=s, replace=False)
+        z = rng.standard_normal(s)
+        v = a * z[None, :] + b * rng.standard_normal((gs, s))
+        cols = np.arange(c0, c0 + gs)
+        rows_l += [np.tile(support, gs), rng.integers(0, n, gs * n_extra)]
+        cols_l += [np.repeat(cols, s), np.repeat(cols, n_extra)]
+        vals_l += [v.ravel(), rng.standard_normal(gs * n_extra)]
+    X = sp.coo_matrix((np.concatenate(vals_l), (np.concatenate(rows_l),
+                                                np.concatenate(cols_l))),
+                      shape=(n, p)).tocsc()
+    X.sum_duplicates()
+    X.eliminate_zeros()
+    X.sort_indices()
+    k = int(round(frac_nz * p))
+    beta = np.zeros(p)
+    beta[rng.permutation(p)[:k]] = rng.standard_normal(k)
+    Xb = X @ beta
+    y = Xb + noise_rel * Xb.std() * rng.standard_normal(n)
+    return X, y, beta
+
+
+def lasso_alpha_max(X, y, fit_intercept=False) -> float:
+    """Smallest ``alpha`` for which the Lasso solution is zero.
+
+    For the objective ``||y - X b||^2 / (2 n) + alpha ||b||_1`` this is
+    ``||X^T y||_inf / n``, with ``y`` replaced by ``y - mean(y)`` when ``fit_intercept``
+    (centring the columns of ``X`` as well gives the same value, since
+    ``(X - 1 xbar)^T (y - ybar) = X^T (y - ybar)``).
+
+    Parameters
+    ----------
+    X : array-like or sparse matrix, shape (n, p)
+    y : array-like, shape (n,)
+    fit_intercept : bool, default False
+
+    Returns
+    -------
+    float
+    """
+    y = np.asarray(y, dtype=np.float64)
+    if y.ndim != 1 or X.shape[0] != y.shape[0]:
+        raise ValueError(f"X of shape {X.shape} and y of shape {y.shape} are incompatible")
+    if fit_intercept:
+        y = y - y.mean()
+    g = X.T @ y
+    return float(np.max(np.abs(np.asarray(g).ravel())) / X.shape[0])
