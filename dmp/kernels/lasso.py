@@ -337,3 +337,35 @@ def fenwick_set(tree, weights, idx, values):
         j = idx[t]
         fenwick_add(tree, j, values[t] - weights[j])
         weights[j] = values[t]
+
+
+@njit(cache=True, nogil=True)
+def cd_sweeps(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha_n,
+              max_sweeps, rel_tol, delta_out):
+    """Up to ``max_sweeps`` sequential sweeps of :func:`cd_sweep` over ``idx`` (a working-set
+    solve), stopping early once a sweep's largest step is at most ``rel_tol`` times the
+    largest coefficient of the set.  ``delta_out`` receives the total change per column.
+    Returns the number of sweeps run."""
+    k = idx.shape[0]
+    w_old = np.empty(k)
+    for t in range(k):
+        w_old[t] = w[idx[t]]
+    step = np.empty(k)
+    sweeps = 0
+    for s in range(max_sweeps):
+        cd_sweep(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha_n, step)
+        sweeps += 1
+        d_max = 0.0
+        w_max = 0.0
+        for t in range(k):
+            a = abs(step[t])
+            if a > d_max:
+                d_max = a
+            b = abs(w[idx[t]])
+            if b > w_max:
+                w_max = b
+        if d_max <= rel_tol * w_max:
+            break
+    for t in range(k):
+        delta_out[t] = w[idx[t]] - w_old[t]
+    return sweeps

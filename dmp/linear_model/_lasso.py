@@ -49,12 +49,19 @@ class Lasso(RegressorMixin, BaseEstimator):
         of the features (at least 32), the same on every backend so that results agree.
     eta : float, default=1e-3
         Priority floor, relative to the mean priority, so every variable keeps a chance.
-    rho : float or None, default=0.1
-        Dependency-filter threshold on the absolute correlation of (centred) columns; None
-        disables the filter.  Applied among each worker's candidates, like STRADS' scheduler
-        partitions; updates of different workers are reconciled by the pull's step rule.
+    rho : float or None, default=None
+        Dependency-filter threshold on the absolute correlation of (centred) columns (STRADS
+        uses 0.1); None disables the filter.  Applied among each worker's candidates, like
+        STRADS' scheduler partitions; updates of different workers are reconciled by the
+        pull's step rule.  Off by default: each worker sweeps its set sequentially, so the
+        filter only shrinks rounds there (measured in BENCHMARKS.md).
     oversample : float, default=2.0
         Priority draws per kept variable (STRADS' L'/L).
+    inner_sweeps : int or "auto", default="auto"
+        Sequential sweeps each worker makes over its scheduled set per round (stopping early
+        once the steps are below ``tol`` relative to the coefficients): a working-set solve
+        that gives rounds enough work.  ``"auto"``: 50 for the priority schedule (whose sets
+        are the variables still moving), 1 otherwise (the classic STRADS round).
     staleness : int, default=0
         Rounds kept in flight beyond the current one (0 = bulk synchronous).
     max_iter : int, default=10000
@@ -107,6 +114,8 @@ class Lasso(RegressorMixin, BaseEstimator):
         "eta": [Interval(numbers.Real, 0, None, closed="neither")],
         "rho": [Interval(numbers.Real, 0, None, closed="neither"), None],
         "oversample": [Interval(numbers.Real, 1, None, closed="left")],
+        "inner_sweeps": [Interval(numbers.Integral, 1, None, closed="left"),
+                         StrOptions({"auto"})],
         "staleness": [Interval(numbers.Integral, 0, None, closed="left")],
         "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
         "tol": [Interval(numbers.Real, 0, None, closed="left")],
@@ -124,7 +133,8 @@ class Lasso(RegressorMixin, BaseEstimator):
     }
 
     def __init__(self, alpha=1.0, *, fit_intercept=True, schedule="priority",
-                 schedule_size="auto", eta=1e-3, rho=0.1, oversample=2.0, staleness=0,
+                 schedule_size="auto", eta=1e-3, rho=None, oversample=2.0, inner_sweeps="auto",
+                 staleness=0,
                  max_iter=10000, tol=1e-4, check_every="auto", backend="auto", n_workers=None,
                  random_state=None, checkpoint=None, checkpoint_every=50, resume=False,
                  show_progress=False, callback=None, verbose=0):
@@ -135,6 +145,7 @@ class Lasso(RegressorMixin, BaseEstimator):
         self.eta = eta
         self.rho = rho
         self.oversample = oversample
+        self.inner_sweeps = inner_sweeps
         self.staleness = staleness
         self.max_iter = max_iter
         self.tol = tol
@@ -229,11 +240,15 @@ class Lasso(RegressorMixin, BaseEstimator):
             else:
                 size = int(self.schedule_size)
             check_every = p if self.check_every == "auto" else int(self.check_every)
+            if self.inner_sweeps == "auto":
+                sweeps = 50 if self.schedule == "priority" else 1
+            else:
+                sweeps = int(self.inner_sweeps)
             program = LassoProgram(
                 ds, alpha=self.alpha, fit_intercept=self.fit_intercept,
                 schedule=self.schedule, schedule_size=size, eta=self.eta, rho=self.rho,
                 oversample=self.oversample, tol=self.tol, check_every=check_every,
-                refresh_every=10, seed=self._seed())
+                refresh_every=10, seed=self._seed(), inner_sweeps=sweeps)
             fingerprint = {"estimator": "Lasso", "alpha": float(self.alpha),
                            "fit_intercept": bool(self.fit_intercept), "shape": [n, p],
                            "n_partitions": P, "schedule": self.schedule,

@@ -1,0 +1,98 @@
+"""The ``dmp`` command line: ``dmp run``, ``dmp data``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def _cmd_run(args) -> int:
+    from .pipeline import load_pipeline, run_pipeline
+
+    spec = load_pipeline(args.pipeline)
+    run_pipeline(spec, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
+                 output=args.output, show_progress=not args.no_progress)
+    return 0
+
+
+def _cmd_data_make(args) -> int:
+    from .io import build_dataset
+
+    ds = build_dataset(args.recipe, args.output, overwrite=args.overwrite)
+    print(ds)
+    return 0
+
+
+def _cmd_data_convert(args) -> int:
+    from .io import convert_svmlight
+
+    if args.format != "svmlight":
+        raise ValueError(f"unknown format {args.format!r}; known: svmlight")
+    ds = convert_svmlight(args.source, args.dest, n_shards=args.shards,
+                          n_features=args.n_features, overwrite=args.overwrite)
+    print(ds)
+    return 0
+
+
+def _cmd_data_info(args) -> int:
+    from .io import open_dataset
+
+    ds = open_dataset(args.path)
+    if args.validate:
+        ds.validate()
+    print(ds)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="dmp", description="Dynamic model parallelism on Dask.")
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run a pipeline (dataset -> fit -> metrics, plot, model)")
+    r.add_argument("pipeline", help="pipeline YAML file, e.g. pipelines/lasso.yaml")
+    g = r.add_mutually_exclusive_group()
+    g.add_argument("--scheduler", help="address of a running Dask scheduler (tcp://host:8786)")
+    g.add_argument("--workers", type=int, help="worker processes of the embedded LocalCluster")
+    r.add_argument("--resume", action="store_true", help="continue from the last checkpoints")
+    r.add_argument("--output", help="output folder (default: the pipeline's 'output')")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    r.set_defaults(func=_cmd_run)
+
+    d = sub.add_parser("data", help="build, convert and inspect datasets")
+    dsub = d.add_subparsers(dest="data_command", required=True)
+    m = dsub.add_parser("make", help="build a dataset from a recipe (name or YAML file)")
+    m.add_argument("recipe")
+    m.add_argument("--output", help="Zarr path (default: the cache directory)")
+    m.add_argument("--overwrite", action="store_true")
+    m.set_defaults(func=_cmd_data_make)
+    c = dsub.add_parser("convert", help="convert a file to a dmp Zarr dataset")
+    c.add_argument("format", choices=["svmlight"])
+    c.add_argument("source")
+    c.add_argument("dest")
+    c.add_argument("--shards", type=int, default=None)
+    c.add_argument("--n-features", type=int, default=None)
+    c.add_argument("--overwrite", action="store_true")
+    c.set_defaults(func=_cmd_data_convert)
+    i = dsub.add_parser("info", help="print a dataset's metadata")
+    i.add_argument("path")
+    i.add_argument("--validate", action="store_true", help="read and check every shard")
+    i.set_defaults(func=_cmd_data_info)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2),
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, FileExistsError, ConnectionError) as exc:
+        print(f"dmp: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

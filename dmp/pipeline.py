@@ -1,0 +1,252 @@
+"""Runnable pipelines: dataset -> estimator -> evaluation -> report (``dmp run``).
+
+A pipeline is a YAML file::
+
+    name: lasso
+    dataset: lasso_sparse_a        # recipe name (datasets/), recipe file, or a Zarr dataset path
+    estimator:
+      class: Lasso
+      params: {alpha_ratio: 0.01, tol: 1.0e-6}   # alpha_ratio: alpha = ratio * alpha_max
+    compare: {schedule: [priority, round_robin]} # one fit per value, all in the plot
+    cluster: {n_workers: 2, threads_per_worker: 1, memory_limit: 4GiB}
+    checkpoint_every: 20
+    output: runs/lasso
+
+The output folder receives ``coef.zarr``, ``metrics.json``, ``convergence.png`` and a copy of
+the pipeline; it is written under a temporary name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+_KEYS = {"name", "description", "dataset", "estimator", "compare", "cluster",
+         "checkpoint_every", "output"}
+_ESTIMATORS = {"Lasso": "dmp.linear_model:Lasso"}
+_CLUSTER_KEYS = {"n_workers", "threads_per_worker", "memory_limit"}
+
+
+class PipelineError(ValueError):
+    """A pipeline file is invalid."""
+
+
+def load_pipeline(path) -> dict:
+    """Read and validate a pipeline YAML file; errors name the file and the key."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"pipeline file {str(path)!r} does not exist")
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise PipelineError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(spec, dict):
+        raise PipelineError(f"{path}: a pipeline must be a mapping of keys")
+    unknown = set(spec) - _KEYS
+    if unknown:
+        raise PipelineError(f"{path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_KEYS)}")
+    for key in ("name", "dataset", "estimator"):
+        if key not in spec:
+            raise PipelineError(f"{path}: missing required key {key!r}")
+    est = spec["estimator"]
+    if not isinstance(est, dict) or "class" not in est:
+        raise PipelineError(f"{path}: 'estimator' needs a 'class' (one of {sorted(_ESTIMATORS)})")
+    if est["class"] not in _ESTIMATORS:
+        raise PipelineError(f"{path}: unknown estimator class {est['class']!r}; "
+                            f"known: {sorted(_ESTIMATORS)}")
+    bad = set(est) - {"class", "params"}
+    if bad:
+        raise PipelineError(f"{path}: unknown key(s) under 'estimator': {sorted(bad)}")
+    cluster = spec.get("cluster") or {}
+    bad = set(cluster) - _CLUSTER_KEYS
+    if bad:
+        raise PipelineError(f"{path}: unknown key(s) under 'cluster': {sorted(bad)}; "
+                            f"allowed: {sorted(_CLUSTER_KEYS)}")
+    compare = spec.get("compare") or {}
+    if not isinstance(compare, dict) or len(compare) > 1:
+        raise PipelineError(f"{path}: 'compare' must map one parameter to a list of values")
+    spec["_path"] = str(path.resolve())
+    spec.setdefault("output", f"runs/{spec['name']}")
+    return spec
+
+
+def _estimator_class(name):
+    module, attr = _ESTIMATORS[name].split(":")
+    import importlib
+
+    return getattr(importlib.import_module(module), attr)
+
+
+def _open_data(spec):
+    from .io import build_dataset, open_dataset
+
+    ref = spec["dataset"]
+    if isinstance(ref, dict):
+        return build_dataset(ref)
+    p = Path(ref)
+    if not p.is_absolute():
+        cand = Path(spec["_path"]).parent / ref
+        if cand.exists():
+            p = cand
+    if p.suffix in (".yaml", ".yml") or (not p.exists() and "/" not in str(ref)):
+        return build_dataset(str(p) if p.exists() else ref)
+    return open_dataset(str(p))
+
+
+def _start_cluster(spec, scheduler, workers):
+    from distributed import Client, LocalCluster
+
+    if scheduler:
+        try:
+            client = Client(scheduler, timeout="10s")
+        except (OSError, TimeoutError) as exc:
+            raise ConnectionError(f"cannot reach the Dask scheduler at {scheduler!r}: {exc}") \
+                from exc
+        return client, None
+    c = dict(spec.get("cluster") or {})
+    n = workers or c.get("n_workers", 2)
+    cluster = LocalCluster(n_workers=int(n), threads_per_worker=int(c.get("threads_per_worker", 1)),
+                           memory_limit=c.get("memory_limit", "auto"), processes=True,
+                           dashboard_address=":0")
+    return Client(cluster), cluster
+
+
+def _summary(est, wall_s):
+    h = est.history_
+    push = np.asarray(h["push_s"], dtype=float)
+    return {
+        "objective": est.objective_, "dual_gap": est.dual_gap_, "rounds": int(est.n_iter_),
+        "coordinate_updates": int(est.n_updates_), "wall_time_s": wall_s,
+        "nnz_coef": int(np.count_nonzero(est.coef_)), "intercept": float(est.intercept_),
+        "bytes": {"schedule": int(np.sum(h["bytes_schedule"])),
+                  "push": int(np.sum(h["bytes_push"])), "pull": int(np.sum(h["bytes_pull"]))},
+        "kernel_time_s": float(push.mean(axis=1).sum()),
+        "kernel_fraction": float(push.mean(axis=1).sum() / max(wall_s, 1e-12)),
+        "recoveries": est.recoveries_,
+    }
+
+
+def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=None,
+                 show_progress=True, log=print) -> dict:
+    """Run a loaded pipeline; returns the metrics written to ``metrics.json``."""
+    out = Path(output or spec["output"]).resolve()
+    ckpt_root = out.parent / f".{out.name}-checkpoints"
+    ds = _open_data(spec)
+    log(f"dataset: {ds}")
+    est_spec = spec["estimator"]
+    params = dict(est_spec.get("params") or {})
+    ratio = params.pop("alpha_ratio", None)
+    fit_intercept = params.get("fit_intercept", True)
+    cls = _estimator_class(est_spec["class"])
+    compare = spec.get("compare") or {}
+    (cmp_key, cmp_values), = compare.items() if compare else ((None, [None]),)
+
+    if ratio is not None and "alpha" in params:
+        raise PipelineError(f"{spec['_path']}: give either 'alpha' or 'alpha_ratio', not both")
+    client, cluster = _start_cluster(spec, scheduler, workers)
+    tmp_out = out.parent / f"{out.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        log(f"Dask dashboard: {client.dashboard_link}")
+        if ratio is not None:
+            params["alpha"] = float(ratio) * _alpha_max(client, ds, fit_intercept)
+            log(f"alpha = {ratio} x alpha_max = {params['alpha']:.6g}")
+        n_workers = len(client.scheduler_info(n_workers=-1)["workers"])
+        runs, histories, fitted = {}, {}, {}
+        for value in cmp_values:
+            label = str(value) if cmp_key else est_spec["class"]
+            p = dict(params)
+            if cmp_key:
+                p[cmp_key] = value
+            ckpt_root.mkdir(parents=True, exist_ok=True)
+            ckpt = ckpt_root / f"{label}.zarr"
+            has_ckpt = (ckpt / "zarr.json").exists()
+            if has_ckpt and not resume:
+                shutil.rmtree(ckpt)
+            est = cls(**p, backend="dask", show_progress=show_progress, checkpoint=str(ckpt),
+                      checkpoint_every=int(spec.get("checkpoint_every", 50)),
+                      resume=bool(resume and has_ckpt))
+            log(f"fitting {est_spec['class']} ({cmp_key}={value}) on {n_workers} workers")
+            t0 = time.perf_counter()
+            est.fit(ds)
+            wall = time.perf_counter() - t0
+            runs[label] = _summary(est, wall)
+            histories[label] = est.history_
+            fitted[label] = est
+            log(f"  objective {est.objective_:.10g}  gap {est.dual_gap_:.3e}  "
+                f"rounds {est.n_iter_}  {wall:.2f}s")
+        metrics = {
+            "pipeline": spec["name"], "dataset": str(getattr(ds, "path", ds)),
+            "shape": list(ds.shape), "nnz": int(ds.nnz), "n_workers": n_workers,
+            "scheduler": client.scheduler.address, "params": params,
+            "best_objective": min(r["objective"] for r in runs.values()), "runs": runs,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
+        tmp_out.mkdir(parents=True)
+        main = fitted[next(iter(fitted))]
+        _write_coef(tmp_out / "coef.zarr", main)
+        from .plotting import plot_convergence
+
+        plot_convergence({f"schedule={k}" if cmp_key else k: h for k, h in histories.items()},
+                         path=str(tmp_out / "convergence.png"))
+        with open(tmp_out / "metrics.json", "w") as f:
+            json.dump(metrics, f, indent=2, default=_json_default)
+        shutil.copy(spec["_path"], tmp_out / "pipeline.yaml")
+        if out.exists():
+            old = out.parent / f"{out.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(out, old)
+            os.replace(tmp_out, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp_out, out)
+        shutil.rmtree(ckpt_root, ignore_errors=True)
+        log(f"wrote {out}/ (coef.zarr, metrics.json, convergence.png)")
+        return metrics
+    finally:
+        shutil.rmtree(tmp_out, ignore_errors=True)
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def _shard_max_corr(ds, k, ytil):
+    return float(np.abs(ds.load_shard(k).T @ ytil).max(initial=0.0))
+
+
+def _alpha_max(client, ds, fit_intercept) -> float:
+    """``||X~^T y~||_inf / n``, computed shard by shard on the workers (data stays there)."""
+    y = ds.load_y()
+    ytil = y - y.mean() if fit_intercept else y
+    yf = client.scatter(ytil, broadcast=True)
+    futs = client.map(_shard_max_corr, [ds] * ds.n_shards, range(ds.n_shards),
+                      [yf] * ds.n_shards, pure=False)
+    return max(client.gather(futs)) / ds.n_samples
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def _write_coef(path, est):
+    import zarr
+
+    g = zarr.open_group(str(path), mode="w", zarr_format=3)
+    coef = np.asarray(est.coef_, dtype=np.float64)
+    a = g.create_array("coef", shape=coef.shape, dtype="float64",
+                       chunks=(min(len(coef), 1 << 20),))
+    a[:] = coef
+    g.attrs.update({"intercept": float(est.intercept_), "estimator": type(est).__name__,
+                    "params": {k: v for k, v in est.get_params().items()
+                               if isinstance(v, (int, float, str, bool, type(None)))}})
