@@ -187,7 +187,8 @@ class Lasso(RegressorMixin, BaseEstimator):
             self.n_features_in_ = ds.n_features
             return ds, None
         if y is None:
-            raise ValueError("Lasso.fit needs y unless X is a dmp dataset")
+            raise ValueError("Lasso requires y to be passed, but the target y is None "
+                             "(y may only be omitted when X is a dmp dataset)")
         if hasattr(X, "dask") and hasattr(X, "compute"):
             X = X.compute()
         if hasattr(y, "dask") and hasattr(y, "compute"):

@@ -63,14 +63,13 @@ def priority_sample(prio, floor, k, rng):
     n_dead = p - len(live)
     if len(live) >= k:
         keys_live = rng.standard_exponential(len(live)) / (prio[live] + floor)
-        keys_dead = np.empty(0)
     else:
         # every moving variable fits: take them all (their inclusion probability is capped
         # at one), the rest of the round comes from the floor
         keys_live = np.zeros(len(live))
-        keys_dead = np.empty(0)
+    keys_dead = np.empty(0)
     m = min(k, n_dead)
-    if m and len(live) < k:
+    if m:
         steps = rng.standard_exponential(m) / (floor * (n_dead - np.arange(m)))
         keys_dead = np.cumsum(steps)
     keys = np.concatenate([keys_live, keys_dead])

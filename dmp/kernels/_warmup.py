@@ -1,0 +1,41 @@
+"""Compile every Numba kernel once on tiny inputs (fills the on-disk cache).
+
+Run ``python -m dmp.kernels._warmup`` before starting workers (CI, container builds): parallel
+first compilation on several worker processes is slow and has raced in the past (numba#4807).
+"""
+
+import numpy as np
+import scipy.sparse as sp
+
+from . import lasso as K
+
+
+def warm_lasso() -> None:
+    X = sp.random(6, 4, density=0.6, format="csc", random_state=0)
+    indptr = X.indptr.astype(np.int64)
+    indices = X.indices.astype(np.int32)
+    data = X.data.astype(np.float64)
+    n, p = X.shape
+    sq = np.asarray(X.multiply(X).sum(0)).ravel()
+    means = np.zeros(p)
+    sums = np.asarray(X.sum(0)).ravel()
+    w, r = np.zeros(p), np.ones(n)
+    idx = np.arange(p, dtype=np.int64)
+    out = np.empty(p)
+    K.cd_sweep(indptr, indices, data, sq, means, sums, w, r, idx, 0.1, out)
+    K.cd_sweeps(indptr, indices, data, sq, means, sums, w, r, idx, 0.1, 2, 1e-6, out)
+    K.correlations(indptr, indices, data, r, out)
+    K.virtual_deltas(out, sq, w, 0.1, out.copy())
+    K.block_matvec(indptr, indices, data, means, w, np.zeros(n))
+    nnz = len(data)
+    K.dependency_filter(indptr, indices, data, means, sq, idx, p, 0.5, float(n), 10 * nnz,
+                        np.full(n, -1, np.int64), np.empty(nnz, np.int64),
+                        np.empty(nnz, np.int64), np.empty(nnz), np.empty(p, np.int64))
+
+
+def main() -> None:
+    warm_lasso()
+
+
+if __name__ == "__main__":
+    main()

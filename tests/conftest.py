@@ -1,0 +1,42 @@
+import logging
+import os
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """Datasets built by recipes go to a per-session cache, not the user's."""
+    old = os.environ.get("DMP_CACHE_DIR")
+    os.environ["DMP_CACHE_DIR"] = str(tmp_path_factory.mktemp("dmp-cache"))
+    yield
+    if old is None:
+        os.environ.pop("DMP_CACHE_DIR", None)
+    else:
+        os.environ["DMP_CACHE_DIR"] = old
+
+
+def make_problem(n=150, p=600, density=0.05, seed=0, dense=False):
+    rng = np.random.default_rng(seed)
+    X = sp.random(n, p, density=density, random_state=seed, format="csc")
+    beta = np.zeros(p)
+    beta[rng.choice(p, 15, replace=False)] = rng.standard_normal(15)
+    y = X @ beta + 0.01 * rng.standard_normal(n) + 0.5
+    return (X.toarray() if dense else X), y
+
+
+def alpha_max(X, y, fit_intercept=True):
+    yt = y - y.mean() if fit_intercept else y
+    return float(np.abs(X.T @ yt).max()) / X.shape[0]
+
+
+@pytest.fixture(scope="module")
+def dask_client():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+            Client(cluster) as client:
+        yield client

@@ -1,0 +1,105 @@
+"""The Lasso on a real multi-process LocalCluster: same answer as in-process, data loaded on
+the workers, recovery from a killed worker."""
+
+import logging
+import os
+import pickle
+import signal
+
+import numpy as np
+import pytest
+from sklearn.linear_model import Lasso as SkLasso
+
+from dmp.engine.backends.dask import DaskBackend
+from dmp.io import write_sparse
+from dmp.linear_model import Lasso
+from dmp.linear_model._lasso_program import LassoProgram
+
+from conftest import alpha_max, make_problem
+
+pytestmark = [pytest.mark.dask, pytest.mark.timeout(240)]
+
+
+def _objective(X, y, coef, b, alpha):
+    r = y - X @ coef - b
+    return 0.5 * float(r @ r) / X.shape[0] + alpha * np.abs(coef).sum()
+
+
+@pytest.mark.parametrize("schedule", ["priority", "round_robin", "random"])
+def test_dask_matches_local_and_sklearn(dask_client, schedule):
+    X, y = make_problem()
+    alpha = 0.05 * alpha_max(X, y)
+    kw = dict(alpha=alpha, schedule=schedule, tol=1e-10, random_state=3, n_workers=2)
+    local = Lasso(backend="local", **kw).fit(X, y)
+    remote = Lasso(backend="dask", **kw).fit(X, y)
+    # same seed and worker count: the same coefficients, round for round
+    np.testing.assert_allclose(remote.coef_, local.coef_, rtol=0, atol=1e-13)
+    assert remote.n_iter_ == local.n_iter_
+    sk = SkLasso(alpha=alpha, tol=1e-12, max_iter=100_000).fit(X, y)
+    f_sk = _objective(X, y, sk.coef_, sk.intercept_, alpha)
+    f = _objective(X, y, remote.coef_, remote.intercept_, alpha)
+    assert abs(f - f_sk) / f_sk <= 1e-6
+    assert np.array_equal(np.flatnonzero(remote.coef_), np.flatnonzero(sk.coef_))
+
+
+def test_auto_backend_uses_active_client(dask_client):
+    X, y = make_problem(seed=1)
+    est = Lasso(alpha=0.05 * alpha_max(X, y), tol=1e-8, random_state=0).fit(X, y)
+    # one partition per Dask worker, with push times from both
+    assert est.history_["push_s"].shape[1] == 2
+
+
+def test_workers_load_their_shards_from_the_store(dask_client, tmp_path):
+    """Only the dataset handle travels: the program shipped to the workers is tiny."""
+    X, y = make_problem(n=400, p=3000, density=0.05)
+    ds = write_sparse(tmp_path / "d.zarr", X, y, n_shards=4)
+    program = LassoProgram(ds, alpha=0.01, fit_intercept=True, schedule="priority",
+                           schedule_size=100, eta=1e-3, rho=None, oversample=2.0, tol=1e-4,
+                           check_every=3000, refresh_every=10, seed=0)
+    shipped = len(pickle.dumps(program))
+    assert shipped < 5_000 < X.data.nbytes
+    est = Lasso(alpha=0.05 * alpha_max(X, y), tol=1e-8, random_state=0,
+                backend="dask").fit(ds)
+    ref = Lasso(alpha=0.05 * alpha_max(X, y), tol=1e-8, random_state=0, backend="local",
+                n_workers=2).fit(X, y)
+    np.testing.assert_allclose(est.coef_, ref.coef_, rtol=0, atol=1e-13)
+
+
+def test_unreachable_scheduler_error():
+    from dmp.pipeline import _start_cluster
+
+    with pytest.raises(ConnectionError, match="cannot reach the Dask scheduler"):
+        _start_cluster({}, "tcp://127.0.0.1:9", None)
+
+
+@pytest.mark.slow
+def test_killed_worker_resumes_from_checkpoint(tmp_path):
+    from distributed import Client, LocalCluster
+
+    X, y = make_problem(n=300, p=4000, density=0.02, seed=5)
+    alpha = 0.02 * alpha_max(X, y)
+    kw = dict(alpha=alpha, tol=1e-9, random_state=0, schedule="round_robin",
+              schedule_size=200, n_workers=2)
+    reference = Lasso(backend="local", **kw).fit(X, y)
+    killed = []
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+            Client(cluster) as client:
+
+        def kill_once(round, metrics):
+            if round == 12 and not killed:
+                pids = client.run(os.getpid)
+                victim = sorted(pids)[1]
+                os.kill(pids[victim], signal.SIGKILL)
+                killed.append(round)
+            return False
+
+        est = Lasso(backend="dask", checkpoint=str(tmp_path / "ckpt.zarr"),
+                    checkpoint_every=5, callback=kill_once, **kw).fit(X, y)
+    assert killed == [12]
+    assert len(est.recoveries_) == 1
+    assert est.recoveries_[0]["resumed_round"] in (5, 10)
+    f_ref = _objective(X, y, reference.coef_, reference.intercept_, alpha)
+    f = _objective(X, y, est.coef_, est.intercept_, alpha)
+    assert abs(f - f_ref) / f_ref <= 1e-8
+    np.testing.assert_allclose(est.coef_, reference.coef_, atol=1e-6)

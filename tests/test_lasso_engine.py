@@ -1,0 +1,278 @@
+"""Tests of the STRADS Lasso Program driven through the engine (local backend)."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from dmp.engine import Broadcast, LocalBackend, run
+from dmp.io import lasso_alpha_max, make_correlated_lasso
+from dmp.linear_model._lasso_program import LassoProgram
+from dmp.utils.data import InMemorySparseDataset
+
+SCHEDULES = ["priority", "round_robin", "random"]
+
+
+def _program(X, y, P, *, alpha_frac=0.1, fit_intercept=True, schedule="priority",
+             schedule_size=24, check_every=60, refresh_every=2, rho=0.1, seed=0, tol=0.0):
+    ds = InMemorySparseDataset(X, y, n_shards=P)
+    alpha = alpha_frac * lasso_alpha_max(X, y, fit_intercept=fit_intercept)
+    prog = LassoProgram(ds, alpha=alpha, fit_intercept=fit_intercept, schedule=schedule,
+                        schedule_size=schedule_size, eta=1e-3, rho=rho, oversample=2.0,
+                        tol=tol, check_every=check_every, refresh_every=refresh_every,
+                        seed=seed)
+    return prog
+
+
+def _start(prog, P):
+    backend = LocalBackend(P)
+    backend.start(prog, prog.partition_specs(P))
+    prog.start(P)
+    return backend
+
+
+def _round(prog, backend, t):
+    """One bulk-synchronous round by hand (as the runner does with staleness 0)."""
+    plans = prog.schedule(t)
+    partials = [w.step(t, None, plans[k])["partial"] for k, w in enumerate(backend.workers)]
+    update = prog.pull(t, partials)
+    assert update is None or isinstance(update, Broadcast)
+    backend.apply_all(update)
+    return plans, partials, update
+
+
+def _gather_w(backend):
+    return np.concatenate([w.collect()["w"] for w in backend.workers])
+
+
+def _centred(X, y, fit_intercept):
+    X = X.toarray() if sp.issparse(X) else np.asarray(X)
+    if fit_intercept:
+        return X - X.mean(axis=0), y - y.mean()
+    return X, y.copy()
+
+
+@pytest.fixture(scope="module")
+def data():
+    X, y, _ = make_correlated_lasso(n=120, p=240, density=0.06, group_size=6,
+                                    group_corr=0.7, seed=3)
+    # a few columns with large means so that centring matters
+    X = X.tolil()
+    rng = np.random.default_rng(0)
+    for j in (5, 100, 230):
+        rows = rng.choice(120, 40, replace=False)
+        X[rows, j] = rng.uniform(1.0, 2.0, 40)
+    X = X.tocsc()
+    y = y + 0.5 * np.asarray(X[:, 100].todense()).ravel() + 3.0
+    return X, y
+
+
+@pytest.mark.parametrize("fit_intercept", [True, False])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_residual_replicas_stay_exact(data, schedule, fit_intercept):
+    X, y = data
+    P = 3
+    prog = _program(X, y, P, fit_intercept=fit_intercept, schedule=schedule)
+    backend = _start(prog, P)
+    Xc, ytil = _centred(X, y, fit_intercept)
+    scale = np.linalg.norm(ytil)
+    kinds = []
+    steps = []
+    for t in range(30):
+        plans, partials, _ = _round(prog, backend, t)
+        kinds.append(plans[0]["kind"])
+        if plans[0]["kind"] == "cd":
+            steps.append(prog.driver["last"]["step"])
+        w = _gather_w(backend)
+        r_true = ytil - Xc @ w
+        for k, wk in enumerate(backend.workers):
+            err = np.linalg.norm(wk.state["r"] - r_true)
+            assert err <= 1e-10 * scale, (t, k, err)
+            assert wk.state["pending"] == {}
+        assert np.linalg.norm(prog.driver["r"] - r_true) <= 1e-10 * scale
+        obj = 0.5 * r_true @ r_true / len(y) + prog.alpha * np.abs(w).sum()
+        np.testing.assert_allclose(prog.driver["objective"], obj, rtol=1e-10)
+    assert {"cd", "gap", "refresh"} <= set(kinds)
+    assert np.count_nonzero(_gather_w(backend)) > 0
+    assert all(0.0 <= s <= 1.0 for s in steps)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_no_variable_scheduled_twice(data, schedule):
+    X, y = data
+    P = 3
+    prog = _program(X, y, P, schedule=schedule, schedule_size=60)
+    backend = _start(prog, P)
+    starts = prog.driver["starts"]
+    n_cd = 0
+    for t in range(25):
+        plans, partials, _ = _round(prog, backend, t)
+        if plans[0]["kind"] != "cd":
+            continue
+        n_cd += 1
+        g = np.concatenate([pl["idx"] + starts[k] for k, pl in enumerate(plans)])
+        assert len(g) > 0
+        assert len(np.unique(g)) == len(g)
+        for k, pl in enumerate(plans):  # local indices inside the partition's block
+            assert np.all((pl["idx"] >= 0) & (pl["idx"] < starts[k + 1] - starts[k]))
+        kept = np.concatenate([pt["kept"] + starts[k] for k, pt in enumerate(partials)])
+        assert len(np.unique(kept)) == len(kept)
+        assert set(kept.tolist()) <= set(g.tolist())
+        if schedule != "priority":
+            assert len(g) == 60
+    assert n_cd >= 10
+
+
+@pytest.mark.parametrize("fit_intercept", [True, False])
+@pytest.mark.parametrize("rho", [0.1, 0.4])
+def test_priority_kept_pairs_pass_filter(data, fit_intercept, rho):
+    X, y = data
+    P = 3
+    prog = _program(X, y, P, fit_intercept=fit_intercept, schedule="priority",
+                    schedule_size=60, rho=rho)
+    backend = _start(prog, P)
+    Xc, _ = _centred(X, y, fit_intercept)
+    sq = (Xc ** 2).sum(axis=0)
+    starts = prog.driver["starts"]
+    n_pairs = 0
+    n_dropped = 0
+    for t in range(25):
+        plans, partials, _ = _round(prog, backend, t)
+        if plans[0]["kind"] != "cd":
+            continue
+        for k, pt in enumerate(partials):
+            g = pt["kept"] + starts[k]
+            assert len(g) <= plans[k]["keep"]
+            # kept are distinct candidates of this partition (sweep order is free)
+            cand = plans[k]["idx"]
+            assert len(np.unique(pt["kept"])) == len(pt["kept"])
+            assert np.isin(pt["kept"], cand).all()
+            n_dropped += len(cand) - len(g)
+            C = Xc[:, g]
+            cos = np.abs(C.T @ C) / np.sqrt(np.outer(sq[g], sq[g]))
+            np.fill_diagonal(cos, 0.0)
+            assert np.all(cos < rho)
+            n_pairs += len(g) * (len(g) - 1) // 2
+    assert n_pairs > 50
+    assert n_dropped > 0
+
+
+def _numpy_cyclic_cd(Xc, ytil, alpha, n_epochs):
+    n, p = Xc.shape
+    sq = (Xc ** 2).sum(axis=0)
+    w = np.zeros(p)
+    r = ytil.copy()
+    out = []
+    for _ in range(n_epochs):
+        for j in range(p):
+            if sq[j] <= 0:
+                continue
+            z = Xc[:, j] @ r + sq[j] * w[j]
+            new = np.sign(z) * max(abs(z) - n * alpha, 0.0) / sq[j]
+            r -= (new - w[j]) * Xc[:, j]
+            w[j] = new
+        out.append(w.copy())
+    return out
+
+
+@pytest.mark.parametrize("fit_intercept", [True, False])
+def test_single_worker_round_robin_is_cyclic_cd(fit_intercept):
+    rng = np.random.default_rng(11)
+    n, p = 50, 30
+    X = sp.random(n, p, density=0.3, random_state=rng, format="csc",
+                  data_rvs=rng.standard_normal)
+    X = X.tolil()
+    X[:, 4] = 0.0
+    X[rng.choice(n, 20, replace=False), 9] = 1.5
+    X = X.tocsc()
+    y = np.asarray(X[:, :5] @ rng.standard_normal(5)).ravel() + rng.standard_normal(n) + 1.0
+    prog = _program(X, y, 1, alpha_frac=0.05, fit_intercept=fit_intercept,
+                    schedule="round_robin", schedule_size=1, check_every=7,
+                    refresh_every=3)
+    backend = _start(prog, 1)
+    Xc, ytil = _centred(X, y, fit_intercept)
+    ref = _numpy_cyclic_cd(Xc, ytil, prog.alpha, 3)
+    n_cd = 0
+    epoch = 0
+    kinds = set()
+    t = 0
+    while epoch < 3:
+        plans, partials, _ = _round(prog, backend, t)
+        t += 1
+        kinds.add(plans[0]["kind"])
+        if plans[0]["kind"] != "cd":
+            continue
+        assert list(plans[0]["idx"]) == [n_cd % p]
+        assert prog.driver["last"]["step"] == 1.0
+        n_cd += 1
+        if n_cd % p == 0:
+            np.testing.assert_allclose(_gather_w(backend), ref[epoch], rtol=1e-10,
+                                       atol=1e-10)
+            epoch += 1
+    assert kinds == {"cd", "gap", "refresh"}
+    assert np.count_nonzero(ref[-1]) > 2
+    assert not np.allclose(ref[0], ref[-1])
+
+
+@pytest.mark.parametrize("schedule", ["priority", "round_robin"])
+def test_objective_non_increasing(schedule):
+    X, y, _ = make_correlated_lasso(n=200, p=600, seed=0)
+    P = 3
+    prog = _program(X, y, P, alpha_frac=0.05, fit_intercept=True, schedule=schedule,
+                    schedule_size=75, check_every=600, refresh_every=3, rho=0.1)
+    res = run(prog, LocalBackend(P), max_iter=150)
+    hist = res.history
+    cd = [h for h in hist if h["kind"] == "cd"]
+    assert len(cd) >= 100
+    obj = np.array([h["objective"] for h in cd])
+    assert np.all(np.diff(obj) <= 1e-12 * obj[:-1])
+    assert obj[-1] < 0.9 * obj[0]
+    # every round (gap / refresh included) keeps the objective up to rounding
+    allobj = np.array([h["objective"] for h in hist])
+    assert np.all(np.diff(allobj) <= 1e-10 * allobj[:-1])
+    # the recorded objective is the true one of the final coefficients
+    coef = np.concatenate([a["w"] for a in res.partition_arrays])
+    Xd = X.toarray()
+    b = prog.driver["intercept"]
+    true = 0.5 * np.mean((y - Xd @ coef - b) ** 2) + prog.alpha * np.abs(coef).sum()
+    np.testing.assert_allclose(hist[-1]["objective"], true, rtol=1e-10)
+    steps = np.array([h["step"] for h in cd])
+    assert np.all((steps >= 0) & (steps <= 1))
+
+
+@pytest.mark.parametrize("fit_intercept", [True, False])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_damped_step_with_conflicting_partitions(schedule, fit_intercept):
+    """Three partitions holding copies of the same columns: the summed (block Jacobi)
+    update overshoots, the pull must take t < 1, and the objective still decreases while
+    the replicas stay exact."""
+    rng = np.random.default_rng(5)
+    n, q = 80, 20
+    A = sp.random(n, q, density=0.3, random_state=rng, format="csc",
+                  data_rvs=rng.standard_normal)
+    X = sp.hstack([A, A * 1.01, A * 0.99]).tocsc()
+    y = np.asarray(A[:, :4] @ np.array([2.0, -1.0, 1.5, 1.0])).ravel() \
+        + 0.1 * rng.standard_normal(n) + 0.7
+    P = 3
+    prog = _program(X, y, P, alpha_frac=0.05, fit_intercept=fit_intercept,
+                    schedule=schedule, schedule_size=30, check_every=30, refresh_every=2,
+                    rho=0.1)
+    backend = _start(prog, P)
+    assert list(prog.driver["starts"]) == [0, q, 2 * q, 3 * q]
+    Xc, ytil = _centred(X, y, fit_intercept)
+    scale = np.linalg.norm(ytil)
+    objs, steps = [], []
+    for t in range(40):
+        plans, _, _ = _round(prog, backend, t)
+        w = _gather_w(backend)
+        r_true = ytil - Xc @ w
+        for wk in backend.workers:
+            assert np.linalg.norm(wk.state["r"] - r_true) <= 1e-10 * scale
+        obj = 0.5 * r_true @ r_true / n + prog.alpha * np.abs(w).sum()
+        np.testing.assert_allclose(prog.driver["objective"], obj, rtol=1e-10)
+        if plans[0]["kind"] == "cd":
+            steps.append(prog.driver["last"]["step"])
+        objs.append(obj)
+    objs = np.array(objs)
+    assert np.all(np.diff(objs) <= 1e-12 * objs[:-1])
+    assert min(steps) < 0.9
+    assert objs[-1] < 0.5 * objs[0]
