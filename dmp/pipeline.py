@@ -105,7 +105,7 @@ def _start_cluster(spec, scheduler, workers):
 
     if scheduler:
         try:
-            client = Client(scheduler, timeout="10s")
+            client = Client(scheduler, timeout="5s")
         except (OSError, TimeoutError) as exc:
             raise ConnectionError(f"cannot reach the Dask scheduler at {scheduler!r}: {exc}") \
                 from exc

@@ -1,0 +1,82 @@
+"""Zarr checkpoints: resume after an interrupted fit, incomplete checkpoints, guards."""
+
+import warnings
+
+import numpy as np
+import pytest
+from sklearn.exceptions import ConvergenceWarning
+
+from dmp.engine.checkpoint import CheckpointStore
+from dmp.linear_model import Lasso
+
+from conftest import alpha_max, make_problem
+
+
+def _objective(X, y, est, alpha):
+    r = y - X @ est.coef_ - est.intercept_
+    return 0.5 * float(r @ r) / X.shape[0] + alpha * np.abs(est.coef_).sum()
+
+
+@pytest.mark.parametrize("n_workers", [1, 3])
+def test_interrupted_fit_resumes_to_the_same_result(tmp_path, n_workers):
+    X, y = make_problem(n=200, p=1500, density=0.03, seed=2)
+    alpha = 0.02 * alpha_max(X, y)
+    kw = dict(alpha=alpha, tol=1e-8, random_state=0, n_workers=n_workers, backend="local",
+              schedule="round_robin", schedule_size=100)
+    full = Lasso(**kw).fit(X, y)
+    assert full.n_iter_ > 40
+    ckpt = str(tmp_path / "ckpt.zarr")
+
+    def stop_at_35(round, metrics):
+        return round >= 35  # the "driver dies" here; the last checkpoint is round 30
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        part = Lasso(checkpoint=ckpt, checkpoint_every=10, callback=stop_at_35, **kw).fit(X, y)
+    assert part.n_iter_ == 36
+    assert CheckpointStore(ckpt).latest() == 30
+    resumed = Lasso(checkpoint=ckpt, checkpoint_every=500, resume=True, **kw).fit(X, y)
+    # the run continued from round 30 (history restored up to there, then extended)
+    assert resumed.history_["round"][0] == 0 and resumed.n_iter_ > 30
+    f_full, f_res = _objective(X, y, full, alpha), _objective(X, y, resumed, alpha)
+    assert abs(f_res - f_full) / f_full <= 1e-7
+    np.testing.assert_allclose(resumed.coef_, full.coef_, atol=1e-5)
+
+
+def test_existing_checkpoint_needs_resume(tmp_path):
+    X, y = make_problem(seed=3)
+    ckpt = str(tmp_path / "c.zarr")
+    kw = dict(alpha=0.05 * alpha_max(X, y), random_state=0, backend="local", checkpoint=ckpt,
+              checkpoint_every=2, schedule="round_robin", schedule_size=50, tol=1e-10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        Lasso(max_iter=10, **kw).fit(X, y)
+        with pytest.raises(FileExistsError, match="already holds a checkpoint"):
+            Lasso(max_iter=10, **kw).fit(X, y)
+        # a different fit must not silently continue someone else's checkpoint
+        with pytest.raises(ValueError, match="different fit"):
+            Lasso(max_iter=10, resume=True, **{**kw, "alpha": kw["alpha"] * 2}).fit(X, y)
+
+
+def test_incomplete_checkpoint_is_never_latest(tmp_path):
+    X, y = make_problem(seed=4)
+    ckpt = str(tmp_path / "c.zarr")
+    kw = dict(alpha=0.05 * alpha_max(X, y), random_state=0, backend="local", checkpoint=ckpt,
+              checkpoint_every=4, schedule="round_robin", schedule_size=50, tol=1e-10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        Lasso(max_iter=10, **kw).fit(X, y)
+    store = CheckpointStore(ckpt)
+    assert store.latest() == 8
+    # a crash in the middle of writing round 12: group created, partitions half written
+    store.begin(12, store.fingerprint())
+    assert store.latest() == 8
+    resumed = Lasso(max_iter=100000, resume=True, **{**kw, "checkpoint_every": 1000}).fit(X, y)
+    ref = Lasso(max_iter=100000, **{**kw, "checkpoint": None}).fit(X, y)
+    assert abs(resumed.objective_ - ref.objective_) <= 1e-9 * ref.objective_
+
+
+def test_resume_without_checkpoint_location_is_an_error():
+    X, y = make_problem(seed=5)
+    with pytest.raises(ValueError, match="needs a checkpoint location"):
+        Lasso(resume=True, backend="local").fit(X, y)
