@@ -19,6 +19,7 @@ the pipeline; it is written under a temporary name and renamed when complete.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import time
@@ -114,7 +115,7 @@ def _start_cluster(spec, scheduler, workers):
     n = workers or c.get("n_workers", 2)
     cluster = LocalCluster(n_workers=int(n), threads_per_worker=int(c.get("threads_per_worker", 1)),
                            memory_limit=c.get("memory_limit", "auto"), processes=True,
-                           dashboard_address=":0")
+                           dashboard_address=":0", silence_logs=logging.WARNING)
     return Client(cluster), cluster
 
 
@@ -164,7 +165,6 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
             p = dict(params)
             if cmp_key:
                 p[cmp_key] = value
-            ckpt_root.mkdir(parents=True, exist_ok=True)
             ckpt = ckpt_root / f"{label}.zarr"
             has_ckpt = (ckpt / "zarr.json").exists()
             if has_ckpt and not resume:

@@ -1,0 +1,77 @@
+"""`dmp run` end to end on the embedded LocalCluster, and `dmp data`."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from dmp.cli import main
+from dmp.io import open_dataset
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_dmp_run_small_pipeline(tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = main(["run", str(REPO / "pipelines" / "lasso_small.yaml"), "--output", str(out),
+               "--no-progress"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "Dask dashboard: http" in printed
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["runs"]) == {"priority", "round_robin"}
+    for run in metrics["runs"].values():
+        assert run["dual_gap"] >= 0 and run["rounds"] > 0
+        assert set(run["bytes"]) == {"schedule", "push", "pull"}
+        assert 0 < run["kernel_fraction"] <= 1
+    # both schedules reach the same optimum
+    objs = [r["objective"] for r in metrics["runs"].values()]
+    assert abs(objs[0] - objs[1]) <= 1e-5 * min(objs)
+    coef = zarr.open_group(str(out / "coef.zarr"), mode="r")["coef"][:]
+    assert coef.shape == (metrics["shape"][1],)
+    assert np.count_nonzero(coef) == metrics["runs"]["priority"]["nnz_coef"]
+    png = (out / "convergence.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    # nothing half-written is left next to the output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_failed_run_leaves_no_output(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((REPO / "pipelines" / "lasso_small.yaml").read_text()
+                   .replace("alpha_ratio: 0.05", "alpha_ratio: 0.05\n    schedule_size: -3"))
+    out = tmp_path / "out"
+    rc = main(["run", str(bad), "--output", str(out), "--no-progress"])
+    assert rc == 2
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name != "bad.yaml"] == []
+
+
+def test_pipeline_validation_messages(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ndataset: lasso_small\nestimator: {class: Lasso}\nbogus: 1\n")
+    assert main(["run", str(bad)]) == 2
+    assert "unknown key(s) ['bogus']" in capsys.readouterr().err
+    bad.write_text("name: x\ndataset: lasso_small\nestimator: {class: Ridge}\n")
+    assert main(["run", str(bad)]) == 2
+    assert "unknown estimator class 'Ridge'" in capsys.readouterr().err
+    assert main(["run", str(tmp_path / "missing.yaml")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_data_make_convert_info(tmp_path, capsys):
+    dest = tmp_path / "sample.zarr"
+    assert main(["data", "convert", "svmlight", str(REPO / "datasets" / "sample.svm"),
+                 str(dest), "--shards", "2"]) == 0
+    ds = open_dataset(dest)
+    assert ds.n_shards == 2 and ds.n_samples == 20
+    assert main(["data", "info", str(dest), "--validate"]) == 0
+    assert main(["data", "make", "lasso_small", "--output", str(tmp_path / "s.zarr")]) == 0
+    assert open_dataset(tmp_path / "s.zarr").shape == (2000, 20000)
+    assert main(["data", "info", str(tmp_path / "nothing.zarr")]) == 2
+    assert "no dmp dataset" in capsys.readouterr().err
