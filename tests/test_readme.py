@@ -1,0 +1,32 @@
+"""The README's Python examples run and do what they say."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.S)
+
+
+def test_readme_has_the_examples():
+    assert len(BLOCKS) == 2
+    first_lines = "\n".join(README.splitlines()[:12])
+    assert "bash .ci/install && .venv/bin/dmp run pipelines/lasso.yaml" in first_lines
+    assert ".venv/bin/python -m pytest -q" in first_lines
+    assert ".venv/bin/python -m pytest -q" in README
+
+
+def test_lasso_example():
+    ns = {}
+    exec(BLOCKS[0], ns)
+    est = ns["est"]
+    assert est.coef_.shape == (20_000,) and np.count_nonzero(est.coef_) > 0
+    assert est.dual_gap_ <= est.tol * np.var(ns["y"]) + 1e-12
+
+
+def test_program_example():
+    ns = {}
+    exec(BLOCKS[1], ns)
+    np.testing.assert_allclose(ns["program"].driver["w"], np.arange(5.0), atol=1e-6)
+    assert ns["result"].converged
