@@ -24,6 +24,7 @@ def warm_lasso() -> None:
     out = np.empty(p)
     K.cd_sweep(indptr, indices, data, sq, means, sums, w, r, idx, 0.1, out)
     K.cd_sweeps(indptr, indices, data, sq, means, sums, w, r, idx, 0.1, 2, 1e-6, out)
+    K.gather_columns(indptr, indices, data, idx)
     K.correlations(indptr, indices, data, r, out)
     K.virtual_deltas(out, sq, w, 0.1, out.copy())
     K.block_matvec(indptr, indices, data, means, w, np.zeros(n))

@@ -241,3 +241,25 @@ def cd_sweeps(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha
     for t in range(k):
         delta_out[t] = w[idx[t]] - w_old[t]
     return sweeps
+
+
+@njit(cache=True, nogil=True)
+def gather_columns(indptr, indices, data, idx):
+    """Copy the columns ``idx`` into a new contiguous CSC block (a working-set copy whose
+    repeated sweeps then read memory sequentially)."""
+    k = idx.shape[0]
+    ip = np.empty(k + 1, dtype=np.int64)
+    ip[0] = 0
+    for t in range(k):
+        j = idx[t]
+        ip[t + 1] = ip[t] + indptr[j + 1] - indptr[j]
+    ind = np.empty(ip[k], dtype=indices.dtype)
+    dat = np.empty(ip[k], dtype=data.dtype)
+    for t in range(k):
+        j = idx[t]
+        q0 = ip[t]
+        for q in range(indptr[j], indptr[j + 1]):
+            ind[q0] = indices[q]
+            dat[q0] = data[q]
+            q0 += 1
+    return ip, ind, dat

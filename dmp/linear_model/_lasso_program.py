@@ -191,9 +191,15 @@ class LassoProgram(Program):
                            s["col_sums"], s["w"], s["r"], kept, self.alpha * s["n"], delta)
                 solved = False
             else:
-                done = K.cd_sweeps(s["indptr"], s["indices"], s["data"], s["sq"], s["means"],
-                                   s["col_sums"], s["w"], s["r"], kept, self.alpha * s["n"],
+                # repeated sweeps over a contiguous copy of the working set: one random
+                # gather, then sequential memory access on every sweep
+                ip, ind, dat = K.gather_columns(s["indptr"], s["indices"], s["data"], kept)
+                w_ws = s["w"][kept]
+                done = K.cd_sweeps(ip, ind, dat, s["sq"][kept], s["means"][kept],
+                                   s["col_sums"][kept], w_ws, s["r"],
+                                   np.arange(len(kept), dtype=np.int64), self.alpha * s["n"],
                                    sweeps, self.tol, delta)
+                s["w"][kept] = w_ws
                 solved = done < sweeps
             dr = s["r"] - r_before
             s["pending"][plan["round"]] = (dr, kept, delta)
