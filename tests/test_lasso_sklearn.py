@@ -92,16 +92,10 @@ def test_alpha_above_alpha_max_gives_zero(problems):
 
 # dmp/linear_model/_lasso.py (Lasso._prepare_data) raises
 # ValueError("Lasso.fit needs y unless X is a dmp dataset") for fit(X, None); scikit-learn's
-# check_requires_y_none wants one of its standard messages (e.g. "requires y to be passed,
-# but the target y is None").  Reported as a dmp bug; the tests may not edit dmp/.
-_EXPECTED_FAILED = {
-    "check_requires_y_none": "fit(X, None) raises 'Lasso.fit needs y unless X is a dmp "
-                             "dataset', not a message scikit-learn recognises",
-}
 
 
 @parametrize_with_checks([Lasso(backend="local")],
-                         expected_failed_checks=lambda est: _EXPECTED_FAILED)
+                         expected_failed_checks=lambda est: {})
 def test_sklearn_estimator_checks(estimator, check):
     check(estimator)
 
