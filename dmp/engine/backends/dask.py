@@ -41,12 +41,19 @@ class DaskBackend:
         partitions are re-dealt to the surviving workers.
     call_timeout : float or None
         Longest wait for one round's result before the worker is declared lost.
+    direct : bool
+        Call the actors directly (client to worker) rather than through the scheduler; the
+        client must be able to reach the workers (true on a LocalCluster and inside the
+        cluster's network, e.g. a Kubernetes DaskJob).
     """
 
     kind = "dask"
 
-    def __init__(self, client, n_workers=None, replacement_timeout=20.0, call_timeout=None):
+    def __init__(self, client, n_workers=None, replacement_timeout=20.0, call_timeout=None,
+                 direct=True):
         self.client = client
+        self.direct = direct
+        self._saved_direct = client.direct_to_workers
         self.replacement_timeout = replacement_timeout
         self.call_timeout = call_timeout
         names = self._worker_names()
@@ -83,6 +90,10 @@ class DaskBackend:
         self._futures = futs  # keep the actor futures alive
 
     def start(self, program, specs) -> None:
+        if self.direct:
+            # actor calls go straight to the worker instead of through the scheduler (about
+            # 3x less latency per round); restored in close()
+            self.client.direct_to_workers = True
         self._create(program, specs, self._worker_names())
 
     def restart(self, program, specs) -> None:
@@ -157,3 +168,4 @@ class DaskBackend:
 
     def close(self) -> None:
         self.actors, self._futures = [], []
+        self.client.direct_to_workers = self._saved_direct
