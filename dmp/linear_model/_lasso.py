@@ -60,8 +60,10 @@ class Lasso(RegressorMixin, BaseEstimator):
     inner_sweeps : int or "auto", default="auto"
         Sequential sweeps each worker makes over its scheduled set per round (stopping early
         once the steps are below ``tol`` relative to the coefficients): a working-set solve
-        that gives rounds enough work.  ``"auto"``: 50 for the priority schedule (whose sets
-        are the variables still moving), 1 otherwise (the classic STRADS round).
+        that gives rounds enough work.  ``"auto"``: for the priority schedule (whose sets are
+        the variables still moving) 50 on one partition and 3 on several (local solves
+        against a residual missing the other partitions' changes are not worth finishing),
+        1 otherwise (the classic STRADS round).
     staleness : int, default=0
         Rounds kept in flight beyond the current one (0 = bulk synchronous).
     max_iter : int, default=10000
@@ -242,7 +244,13 @@ class Lasso(RegressorMixin, BaseEstimator):
                 size = int(self.schedule_size)
             check_every = p if self.check_every == "auto" else int(self.check_every)
             if self.inner_sweeps == "auto":
-                sweeps = 50 if self.schedule == "priority" else 1
+                # With several partitions each local solve runs against a residual that
+                # misses the other partitions' changes of the same round, so solving it far
+                # wastes work the combination cancels: a few sweeps measured best there.
+                if self.schedule != "priority":
+                    sweeps = 1
+                else:
+                    sweeps = 50 if P == 1 else 3
             else:
                 sweeps = int(self.inner_sweeps)
             program = LassoProgram(

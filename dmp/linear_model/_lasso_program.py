@@ -160,6 +160,7 @@ class LassoProgram(Program):
         self.seed = seed
         self.filter_work = filter_work
         self.inner_sweeps = int(inner_sweeps)
+        self.inner_gap_frac = 0.1
 
 
     # ================================================================== worker side
@@ -235,7 +236,7 @@ class LassoProgram(Program):
                 done = K.cd_sweeps(ip, ind, dat, s["sq"][kept], s["means"][kept],
                                    s["col_sums"][kept], w_ws, s["r"],
                                    np.arange(len(kept), dtype=np.int64), alpha_n,
-                                   sweeps, self.tol, delta)
+                                   sweeps, plan.get("inner_tol", self.tol), delta)
                 s["w"][kept] = w_ws
                 solved = done < sweeps
             dr = s["r"] - r_before
@@ -340,6 +341,10 @@ class LassoProgram(Program):
         if d["need_gap"]:
             return [{"kind": "gap", "round": round}] * P
         cand, L = self._candidates()
+        # solve each working set only as far as the global gap warrants (celer's rule of
+        # thumb): tight inner tolerances while the working set still changes waste sweeps
+        gap_rel = d["gap"] / max(0.5 * d["ynorm2"] / d["n"], 1e-300)
+        inner_tol = float(max(self.tol, min(1e-2, self.inner_gap_frac * gap_rel)))
         owner = np.searchsorted(d["starts"], cand, side="right") - 1
         plans = []
         for k in range(P):
@@ -347,7 +352,7 @@ class LassoProgram(Program):
             keep = len(local) if L is None else int(np.ceil(L * len(local) / max(len(cand), 1)))
             plans.append({"kind": "cd", "round": round, "idx": local.astype(np.int64),
                           "keep": keep, "filter": self.schedule_kind == "priority",
-                          "sweeps": self.inner_sweeps})
+                          "sweeps": self.inner_sweeps, "inner_tol": inner_tol})
         return plans
 
     def _objective(self, r, l1):
