@@ -4,7 +4,7 @@
 Run from the repository root with the project's environment active::
 
     python benchmarks/lasso.py                     # problems (a) and (b), about 15 min
-    python benchmarks/lasso.py --problem a         # (a) only, about 2 min
+    python benchmarks/lasso.py --problem a         # (a) only, about 1-2 min
     python benchmarks/lasso.py --quick             # smoke test: (a) once, a tiny (b)
     python benchmarks/lasso.py --problem b --repeats 1
 
@@ -17,25 +17,32 @@ Problems (all from ``dmp.io.make_sparse_lasso``, ``fit_intercept=False``, object
 
 * (a) the generator's defaults: n=10,000, p=100,000, density 1e-3 (1M stored values),
   f = 0.1 and 0.01 (the anchor problem of ANCHORS.md section 1).
-* (b) n=100,000, p=1,000,000, density 1.5e-3 (about 150M stored values, 1.8 GB in CSC),
-  f = 0.01.  Chosen so that scikit-learn needs well over 30 s on the 2-core reference
-  machine (a probe at density 1e-3 took 26 s at tol=1e-7); generating it takes about 30 s
-  and the process peaks at about 7 GB.  ``--quick`` replaces it by n=5,000, p=50,000,
-  density 2e-3.
+* (b) n=100,000, p=1,000,000, density 2.5e-3 (250M stored values, 3 GB in CSC), f = 0.01.
+  Sized so that scikit-learn needs at least 30 s on the 2-core reference machine: a probe
+  took 35 s (46 epochs at tol=1e-4, already within 1e-6 of the optimum); at density 1.5e-3
+  it took 20 s.  Generating it takes about 60 s and peaks at 11 GB RSS; the Zarr write about
+  50 s.  To keep the whole run near 15 minutes, dmp fits and reference sweeps on (b) have a
+  150 s budget each, and every dmp fit after the first one (priority, which runs to its
+  tol) stops as soon as its objective certifies the target against the best lower bound
+  known; such fits are reported as stopped.  ``--quick`` replaces (b) by n=5,000,
+  p=50,000, density 2e-3 (same code path).
 
 What is measured, per problem and alpha (all solvers in the same process):
 
 * Time to reach relative suboptimality ``(P - P_best) / P_best <= 1e-6``, where ``P_best``
   is the lowest objective reached by any solver (recomputed from each final solution).
-  - scikit-learn, celer, skglm: ``tol`` is swept over 1e-4 ... 1e-10 (one fit each, the
-    sweep stops once our own duality-gap certificate proves the target met); the first
-    (fastest) ``tol`` whose solution meets the target is then refitted until there are
-    ``--repeats`` fits, and the median fit time is reported.
-  - dmp (``backend="local", n_workers=1``, schedule "priority" and "round_robin"): one fit
-    with ``tol=1e-8`` per repeat (seeds 0, 1, ...); time to target is read from
-    ``history_["time"]`` at the first round whose objective meets the target (this clock
-    starts after setup: validation, partition loading).  The setup time and the full fit
-    wall time are reported too.  Medians over repeats.
+  - dmp (``backend="local", n_workers=1``, schedule "priority" and "round_robin") runs
+    first: one fit with ``tol=1e-8`` per repeat (seeds 0, 1, ...).  Time to target is read
+    from ``history_["time"]`` at the first round whose objective meets the target (that
+    clock starts after setup: validation, partitioning, column statistics); the setup time,
+    the time to target including setup, and the full fit time are reported too.  Medians
+    over repeats.
+  - scikit-learn, celer, skglm: ``tol`` is swept over 1e-4, 1e-5, ..., 1e-10, one fit each.
+    The sweep stops at the first fit certified to meet the target, ``P - L <= 1e-6 L``,
+    where ``L`` is the best lower bound on the optimum so far (``P - duality gap`` of any
+    solution; the dmp fits' tight gaps usually provide it), since no slower tol can come
+    first after that.  The first (fastest) tol whose solution meets the target is refitted
+    until there are ``--repeats`` fits; the median fit time is the time to target.
 * (a): coordinate updates (``history_["updates"]``) needed to reach relative
   suboptimality 1e-4, priority vs round_robin (target ratio <= 0.5).
 * (b): dmp on a ``distributed.LocalCluster`` (processes, 1 thread each) with 1 and 2
@@ -62,6 +69,7 @@ import os
 import platform
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -80,18 +88,19 @@ REF_TOLS = (1e-4, 1e-5, 1e-6, 1e-7, 1e-8, 1e-9, 1e-10)
 DMP_TOL = 1e-8
 SCHEDULES = ("priority", "round_robin")
 DASK_WORKERS = (1, 2)
-DASK_MEMORY_LIMIT = "8GiB"  # per worker; (b) needs about 2 GB in one worker
+DASK_MEMORY_LIMIT = "8GiB"  # per worker; (b) puts about 3 GB of shards in one worker
 N_SHARDS = 16
 
 PROBLEMS = {
     "a": dict(name="(a) 10k x 100k, 1M nnz", gen={}, fractions=(0.1, 0.01), repeats=3,
-              max_epochs=10_000, budget_s=120.0, dask=False),
-    "b": dict(name="(b) 100k x 1M, 150M nnz",
-              gen=dict(n=100_000, p=1_000_000, density=1.5e-3), fractions=(0.01,), repeats=1,
-              max_epochs=1_000, budget_s=240.0, dask=True),
+              max_epochs=10_000, budget_s=120.0, stop_at_target=False, dask=False),
+    "b": dict(name="(b) 100k x 1M, 250M nnz",
+              gen=dict(n=100_000, p=1_000_000, density=2.5e-3), fractions=(0.01,), repeats=1,
+              max_epochs=1_000, budget_s=150.0, stop_at_target=True, dask=True),
 }
 QUICK_B = dict(name="(b, quick) 5k x 50k, 0.5M nnz", gen=dict(n=5_000, p=50_000, density=2e-3),
-               fractions=(0.01,), repeats=1, max_epochs=10_000, budget_s=60.0, dask=True)
+               fractions=(0.01,), repeats=1, max_epochs=10_000, budget_s=60.0,
+               stop_at_target=True, dask=True)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -142,6 +151,16 @@ def machine_info():
             versions[mod] = __import__(mod).__version__
         except Exception as exc:  # reported, not fatal
             versions[mod] = f"unavailable ({type(exc).__name__})"
+    try:  # the dmp version measured
+        repo = Path(__file__).resolve().parent.parent
+        git = ["git", "-C", str(repo)]
+        commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, timeout=10).stdout.strip() or None
+        dirty = subprocess.run([*git, "status", "--porcelain", "--", "dmp"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        versions["dmp_commit"] = f"{commit}{' (dmp/ modified)' if dirty else ''}"
+    except (OSError, subprocess.SubprocessError):
+        versions["dmp_commit"] = None
     return {"date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu": cpu,
             "cores": os.cpu_count(), "cores_usable": len(os.sched_getaffinity(0)),
             "mem_gib": mem_gb, "loadavg": os.getloadavg(), "platform": platform.platform(),
@@ -244,14 +263,22 @@ def finish_reference(make, fits, status, X, y, alpha, P_best, repeats):
 
 # ----------------------------------------------------------------------------- dmp
 def run_dmp(X, y, alpha, schedule, seed, budget_s, X_eval, y_eval, backend="local",
-            n_workers=1):
-    """One dmp fit; per-round clocks from history_ and from a callback started before fit()."""
-    stamps = []
+            n_workers=1, stop_below=None):
+    """One dmp fit; per-round clocks from history_ and from a callback started before fit().
+
+    The callback stops the fit after ``budget_s`` seconds, or once the objective is at most
+    ``stop_below`` (a value that certifies the target: ``(1 + TARGET) * lower bound``).
+    """
+    stamps, why = [], []
     t0 = time.perf_counter()
 
     def callback(round_, metrics):
         stamps.append(time.perf_counter() - t0)
-        return stamps[-1] > budget_s
+        if stop_below is not None and metrics["objective"] <= stop_below:
+            why.append("stopped at target")
+        elif stamps[-1] > budget_s:
+            why.append("timeout")
+        return bool(why)
 
     est = Lasso(alpha=alpha, fit_intercept=False, schedule=schedule, tol=DMP_TOL,
                 max_iter=1_000_000, backend=backend, n_workers=n_workers, random_state=seed,
@@ -269,7 +296,7 @@ def run_dmp(X, y, alpha, schedule, seed, budget_s, X_eval, y_eval, backend="loca
     P, gap = evaluate(X_eval, y_eval, est.coef_, alpha)
     t = np.asarray(h["time"], dtype=float)
     return {
-        "status": "timeout" if stamps and stamps[-1] > budget_s else "ok",
+        "status": why[0] if why else "ok",
         "seed": seed, "time": t, "objective": np.asarray(h["objective"], dtype=float),
         "updates": np.asarray(h["updates"], dtype=np.int64), "stamps": np.asarray(stamps),
         "setup_s": float(stamps[0] - t[0]) if stamps else None,
@@ -296,10 +323,13 @@ def summarize_dmp(runs, P_best):
     reach = [first_reach(r, P_best, TARGET) for r in ok]
     upd = [first_reach(r, P_best, UPDATES_TARGET)[2] for r in ok]
     reached = all(x[0] is not None for x in reach)
+    stopped = any(r["status"] == "timeout" for r in ok)
+    at_target = any(r["status"] == "stopped at target" for r in ok)
     kernel_frac = [r["kernel_s"] / r["wall_s"] for r in ok]
     return {
-        "status": "ok" if reached else ("timeout" if any(r["status"] == "timeout" for r in ok)
-                                        else "target not reached"),
+        "status": (("ok (fit stopped at budget)" if stopped else
+                    "ok (fit stopped at target)" if at_target else "ok") if reached
+                   else ("timeout" if stopped else "target not reached")),
         "time_to_target": median([x[0] for x in reach]) if reached else None,
         "time_to_target_incl_setup": median([x[1] for x in reach]) if reached else None,
         "times": [x[0] for x in reach],
@@ -319,7 +349,7 @@ def summarize_dmp(runs, P_best):
     }
 
 
-def run_dask(ds, X, y, fractions, amax, budget_s, repeats):
+def run_dask(ds, X, y, amax, stops, budget_s, repeats):
     """dmp priority on a LocalCluster with 1 and 2 workers: {(W, f): [runs]}."""
     from distributed import Client, LocalCluster
 
@@ -333,12 +363,12 @@ def run_dask(ds, X, y, fractions, amax, budget_s, repeats):
                 # warm-up: Numba kernels, actors and the dataset path in every worker
                 Lasso(alpha=0.1 * np.abs(Xs.T @ ys).max() / 50, fit_intercept=False,
                       backend="dask", n_workers=W, tol=1e-6).fit(Xs, ys)
-                for f in fractions:
+                for f, stop in stops.items():
                     out[W, f] = [run_dmp(ds, None, f * amax, "priority", seed, budget_s, X, y,
-                                         backend="dask", n_workers=W)
+                                         backend="dask", n_workers=W, stop_below=stop)
                                  for seed in range(repeats)]
         except Exception as exc:
-            for f in fractions:
+            for f in stops:
                 out.setdefault((W, f), [{"status": f"failed: {type(exc).__name__}: {exc}"}])
     return out
 
@@ -373,13 +403,19 @@ def bench_problem(spec, repeats, solvers):
         runs = {}
         for f in spec["fractions"]:
             alpha = f * amax
-            local = {s: [run_dmp(X, y, alpha, s, seed, spec["budget_s"], X, y)
-                         for seed in range(repeats)] for s in SCHEDULES}
-            print(f"  f={f}: dmp local " + "; ".join(
-                f"{s} {[round(r.get('fit_s', np.nan), 2) for r in rs]} s" for s, rs in local.items()),
-                flush=True)
-            bound = [max([r["final_objective"] - r["final_gap"] for rs in local.values()
-                          for r in rs if "final_gap" in r], default=-np.inf)]
+            bound = [-np.inf]  # best lower bound on the optimum (P - gap of any solution)
+            local = {s: [] for s in SCHEDULES}
+            for s in SCHEDULES:
+                for seed in range(repeats):
+                    stop = (1 + TARGET) * bound[0] if spec["stop_at_target"] else None
+                    r = run_dmp(X, y, alpha, s, seed, spec["budget_s"], X, y,
+                                stop_below=stop if np.isfinite(bound[0]) else None)
+                    local[s].append(r)
+                    if "final_gap" in r:
+                        bound[0] = max(bound[0], r["final_objective"] - r["final_gap"])
+            done = "; ".join(f"{s} {[round(r.get('fit_s', np.nan), 2) for r in rs]} s"
+                             for s, rs in local.items())
+            print(f"  f={f}: dmp local fits {done}", flush=True)
             sweeps = {}
             for name, (make, note) in solvers.items():
                 if make is None:
@@ -389,21 +425,25 @@ def bench_problem(spec, repeats, solvers):
                 print(f"  f={f}: {name} sweep (tol, s) "
                       f"{[(x['tol'], round(x['time'], 3)) for x in sweeps[name][0]]} "
                       f"{sweeps[name][1]}", flush=True)
-            runs[f] = (alpha, sweeps, local)
+            runs[f] = (alpha, sweeps, local, bound[0])
         if ds is not None:
-            dask_runs = run_dask(ds, X, y, spec["fractions"], amax, spec["budget_s"], 1)
+            stops = {f: (1 + TARGET) * v[3] if spec["stop_at_target"] and np.isfinite(v[3])
+                     else None for f, v in runs.items()}
+            dask_runs = run_dask(ds, X, y, amax, stops, spec["budget_s"], 1)
             print("  dask runs done", flush=True)
 
         results = []
-        for f, (alpha, sweeps, local) in runs.items():
+        for f, (alpha, sweeps, local, _) in runs.items():
             dask_here = {W: dask_runs.get((W, f), []) for W in DASK_WORKERS} if ds else {}
             finals = [x["objective"] for fits, _ in sweeps.values() for x in fits]
-            finals += [r["final_objective"] for rs in list(local.values()) + list(dask_here.values())
+            finals += [r["final_objective"] for rs in [*local.values(), *dask_here.values()]
                        for r in rs if "final_objective" in r]
-            P_best = min(finals)
-            ref = {name: (finish_reference(solvers[name][0], fits, st, X, y, alpha, P_best, repeats)
-                          if solvers[name][0] is not None else {"status": st, "sweep": []})
-                   for name, (fits, st) in sweeps.items()}
+            P_best = min(finals, default=np.nan)
+            ref = {}
+            for name, (fits, st) in sweeps.items():
+                make = solvers[name][0]
+                ref[name] = (finish_reference(make, fits, st, X, y, alpha, P_best, repeats)
+                             if make is not None else {"status": st, "sweep": []})
             dmp = {s: summarize_dmp(rs, P_best) for s, rs in local.items()}
             dask = {W: summarize_dmp(rs, P_best) for W, rs in dask_here.items()}
             res = {"fraction": f, "alpha": alpha, "P_best": P_best, "reference": ref,
@@ -439,7 +479,9 @@ def print_alpha(spec, res, dask):
               f"{fmt(r.get('setup_s')):>9}{fmt(r.get('fit_s')):>9}"
               f"{fmt(r.get('objective'), '.12g'):>18}{fmt(r.get('rel_subopt'), '.1e'):>11}"
               f"{fmt(r.get('nnz'), 'd'):>8}{fmt(r.get('rounds'), '.0f'):>8}  {r['status']}")
-    refs = [k for k, v in res["reference"].items()]
+    print("iters: sklearn epochs, celer/skglm outer iterations, dmp rounds.  dmp: t_target from "
+          "history_['time'] (after setup), fit s = whole fit() call")
+    refs = list(res["reference"])
     ratios = {}
     print(f"\n{'ratio dmp / reference':<34}" + "".join(f"{k:>10}" for k in refs))
     for s, r in res["dmp_local"].items():
@@ -459,12 +501,13 @@ def print_alpha(spec, res, dask):
         res["dask_speedup"] = speed
         res["dask_speedup_fit"] = w1 / w2 if w1 and w2 else None
         print(f"\n{'dask workers':<14}{'t_target s':>11}{'setup s':>9}{'wall s':>9}"
-              f"{'kernel s':>10}{'outside kernels':>17}{'rounds':>8}")
+              f"{'kernel s':>10}{'outside kernels':>17}{'rounds':>8}  status")
         for W, r in dask.items():
+            frac = r.get("outside_kernels_frac")
             print(f"{W:<14}{fmt(r.get('time_to_target')):>11}{fmt(r.get('setup_s')):>9}"
                   f"{fmt(r.get('wall_s')):>9}{fmt(r.get('kernel_s')):>10}"
-                  f"{fmt(None if r.get('outside_kernels_frac') is None else 100 * r['outside_kernels_frac'], '.1f'):>16}%"
-                  f"{fmt(r.get('rounds'), '.0f'):>8}")
+                  f"{fmt(None if frac is None else 100 * frac, '.1f'):>16}%"
+                  f"{fmt(r.get('rounds'), '.0f'):>8}  {r['status']}")
         print(f"speedup 1 worker / 2 workers, time to target: {fmt(speed, '.2f')} "
               f"(target >= 1.6); full fit: {fmt(res['dask_speedup_fit'], '.2f')}")
         print("outside kernels = 1 - sum over rounds of mean over workers of push_s / wall_time_"
@@ -473,20 +516,23 @@ def print_alpha(spec, res, dask):
 
 def print_updates(results):
     print(f"\nCoordinate updates to rel. suboptimality {UPDATES_TARGET:g} (dmp local, median)")
-    print(f"{'alpha/alpha_max':<18}{'priority':>12}{'round_robin':>14}{'ratio':>8}  (target <= 0.5)")
+    print(f"{'alpha/alpha_max':<18}{'priority':>12}{'round_robin':>14}{'ratio':>8}"
+          "  (target <= 0.5)")
     for res in results:
         pr = res["dmp_local"]["priority"].get("updates_to_1e-4")
         rr = res["dmp_local"]["round_robin"].get("updates_to_1e-4")
         ratio = pr / rr if pr and rr else None
         res["updates_ratio_priority_rr"] = ratio
-        print(f"{res['fraction']:<18g}{fmt(pr, '.0f'):>12}{fmt(rr, '.0f'):>14}{fmt(ratio, '.3f'):>8}")
+        print(f"{res['fraction']:<18g}{fmt(pr, '.0f'):>12}{fmt(rr, '.0f'):>14}"
+              f"{fmt(ratio, '.3f'):>8}")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--problem", choices=("a", "b", "all"), default="all")
     ap.add_argument("--repeats", type=int, default=None,
-                    help="fits per solver (default: 3 on (a), 1 on (b); 1 with --quick)")
+                    help="fits per solver (default: 3 on (a), 1 on (b), 1 with --quick; "
+                         "the Dask fits run once)")
     ap.add_argument("--quick", action="store_true", help="smoke test: tiny (b), one repeat")
     ap.add_argument("--out", default=None, help="JSON output path")
     args = ap.parse_args(argv)
@@ -497,7 +543,7 @@ def main(argv=None):
           f"({info['cores_usable']} usable); {fmt(info['mem_gib'], '.1f')} GiB; "
           f"loadavg {', '.join(f'{x:.2f}' for x in info['loadavg'])}")
     print("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()))
-    print(f"scipy BLAS threads limited to 1 during fits; dmp tol {DMP_TOL:g}; reference tols "
+    print(f"BLAS threads limited to 1 during fits; dmp tol {DMP_TOL:g}; reference tols "
           f"{REF_TOLS[0]:g}..{REF_TOLS[-1]:g}")
 
     solvers = reference_solvers(10_000)
@@ -516,15 +562,18 @@ def main(argv=None):
             out["problems"][key] = {"error": f"{type(exc).__name__}: {exc}"}
             print(f"problem {key} failed: {type(exc).__name__}: {exc}")
     out["total_s"] = time.perf_counter() - t_all
+    out["loadavg_end"] = os.getloadavg()
     out["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
-    suffix = ("" if args.problem == "all" else f"-{args.problem}") + ("-quick" if args.quick else "")
-    path = Path(args.out) if args.out else (Path(__file__).resolve().parent / "results" /
-                                            f"lasso-{datetime.date.today().isoformat()}{suffix}.json")
+    suffix = ("" if args.problem == "all" else f"-{args.problem}") + \
+        ("-quick" if args.quick else "")
+    name = f"lasso-{datetime.date.today().isoformat()}{suffix}.json"
+    path = Path(args.out) if args.out else Path(__file__).resolve().parent / "results" / name
     path.parent.mkdir(parents=True, exist_ok=True)
     blob = json.dumps(out, indent=1, default=_json_default)
     path.write_text(blob)
-    print(f"\ntotal {out['total_s']:.0f} s, peak RSS {out['peak_rss_gib']:.1f} GiB")
+    print(f"\ntotal {out['total_s']:.0f} s, peak RSS {out['peak_rss_gib']:.1f} GiB, loadavg "
+          f"{', '.join(f'{x:.2f}' for x in out['loadavg_end'])}")
     print(blob)
     print(f"written to {path}")
 
