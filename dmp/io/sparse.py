@@ -124,10 +124,10 @@ def _balanced_bounds(weights: np.ndarray, n_parts: int) -> np.ndarray:
 def column_stats(M: sp.csc_matrix) -> tuple[np.ndarray, np.ndarray]:
     """Column sums and squared norms of a CSC block (one summation order everywhere, so
     in-memory and stored datasets agree to the last bit)."""
-    cols = np.repeat(np.arange(M.shape[1]), np.diff(M.indptr))
-    sums = np.bincount(cols, weights=M.data, minlength=M.shape[1])
-    sq = np.bincount(cols, weights=M.data * M.data, minlength=M.shape[1])
-    return sums, sq
+    from ..kernels.sparse import csc_column_stats
+
+    return csc_column_stats(np.asarray(M.indptr, dtype=np.int64),
+                            np.asarray(M.data, dtype=np.float64))
 
 
 def _is_dask(x) -> bool:

@@ -18,10 +18,14 @@ class InMemorySparseDataset:
     path = None
 
     def __init__(self, X, y, n_shards: int = 1):
+        # no copy of an input that is already canonical float64 CSC without stored zeros
+        # (a copy, never an in-place change of the caller's matrix, otherwise)
         X = sp.csc_matrix(X, dtype=np.float64)
-        X.sum_duplicates()
-        X.eliminate_zeros()
-        X.sort_indices()
+        if not X.has_canonical_format or (X.nnz and not np.all(X.data)):
+            X = X.copy()
+            X.sum_duplicates()
+            X.eliminate_zeros()
+            X.sort_indices()
         self._X = X
         self._y = np.asarray(y, dtype=np.float64)
         self._stats = None
@@ -46,8 +50,13 @@ class InMemorySparseDataset:
         return np.diff(self._X.indptr[self.col_bounds])
 
     def load_shards(self, ks):
-        c0, c1 = self.col_bounds[ks[0]], self.col_bounds[ks[-1] + 1]
-        return self._X[:, c0:c1]
+        """Columns of shards ``ks`` as a CSC matrix sharing ``indices``/``data`` (views)."""
+        c0, c1 = int(self.col_bounds[ks[0]]), int(self.col_bounds[ks[-1] + 1])
+        X = self._X
+        s, e = int(X.indptr[c0]), int(X.indptr[c1])
+        indptr = (X.indptr[c0:c1 + 1] - s).astype(np.int64)
+        return sp.csc_matrix((X.data[s:e], X.indices[s:e], indptr),
+                             shape=(X.shape[0], c1 - c0), copy=False)
 
     def column_partition(self, n_parts: int) -> list[list[int]]:
         b = _balanced_bounds(self.shard_nnz(), n_parts)
