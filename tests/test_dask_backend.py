@@ -102,3 +102,37 @@ def test_killed_worker_resumes_from_checkpoint(tmp_path):
     f = _objective(X, y, est.coef_, est.intercept_, alpha)
     assert abs(f - f_ref) / f_ref <= 1e-8
     np.testing.assert_allclose(est.coef_, reference.coef_, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_lost_worker_without_replacement_redeals_partitions(tmp_path):
+    """A worker that does not come back: its partition is re-dealt to the survivor."""
+    from distributed import Client, LocalCluster
+
+    X, y = make_problem(n=300, p=4000, density=0.02, seed=6)
+    alpha = 0.02 * alpha_max(X, y)
+    kw = dict(alpha=alpha, tol=1e-9, random_state=0, n_workers=2)
+    reference = Lasso(backend="local", **kw).fit(X, y)
+    retired = []
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+            Client(cluster) as client:
+        backend = DaskBackend(client, n_workers=2, replacement_timeout=1.0)
+
+        def retire_once(round, metrics):
+            if round == 25 and not retired:
+                cluster.scale(1)  # the cluster itself shrinks: no replacement will come
+                retired.append(round)
+            return False
+
+        est = Lasso(backend=backend, checkpoint=str(tmp_path / "ckpt.zarr"),
+                    checkpoint_every=10, callback=retire_once,
+                    **{k: v for k, v in kw.items() if k != "n_workers"}).fit(X, y)
+        survivors = client.scheduler_info()["workers"]
+        assert len(survivors) == 1
+        # both partitions now live on the one surviving worker
+        assert len(set(map(str, backend.placement))) == 1
+    assert len(est.recoveries_) == 1
+    f_ref = _objective(X, y, reference.coef_, reference.intercept_, alpha)
+    f = _objective(X, y, est.coef_, est.intercept_, alpha)
+    assert abs(f - f_ref) / f_ref <= 1e-8

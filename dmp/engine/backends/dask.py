@@ -110,7 +110,20 @@ class DaskBackend:
         self._create(program, specs, names)
 
     def expect_round(self, round: int) -> None:
-        self._results([a.expect_round(round) for a in self.actors])
+        self._results(self._issue([(a, "expect_round", (round,)) for a in self.actors]))
+
+    def _issue(self, calls) -> list:
+        """Start actor calls ``[(actor, method, args), ...]``; a dead actor raises already
+        here (its proxy knows the worker is gone)."""
+        futs = []
+        for actor, method, args in calls:
+            try:
+                futs.append(getattr(actor, method)(*args))
+            except Exception as exc:
+                if _is_worker_loss(exc):
+                    raise WorkerLostError(str(exc) or type(exc).__name__) from exc
+                raise
+        return futs
 
     def _results(self, futs) -> list:
         out = []
@@ -132,29 +145,31 @@ class DaskBackend:
         return updates[k]
 
     def step(self, round, updates, plans):
-        return [a.step(round, self._update_for(updates, k), plans[k])
-                for k, a in enumerate(self.actors)]
+        return self._issue([(a, "step", (round, self._update_for(updates, k), plans[k]))
+                            for k, a in enumerate(self.actors)])
 
     def gather(self, handle):
         return self._results(handle)
 
     def apply_all(self, updates) -> None:
-        self._results([a.apply(self._update_for(updates, k)) for k, a in enumerate(self.actors)])
+        self._results(self._issue([(a, "apply", (self._update_for(updates, k),))
+                                   for k, a in enumerate(self.actors)]))
 
     def save_all(self, paths) -> None:
-        self._results([a.save(p) for a, p in zip(self.actors, paths)])
+        self._results(self._issue([(a, "save", (p,)) for a, p in zip(self.actors, paths)]))
 
     def restore_all(self, paths) -> None:
-        self._results([a.restore(p) for a, p in zip(self.actors, paths)])
+        self._results(self._issue([(a, "restore", (p,)) for a, p in zip(self.actors, paths)]))
 
     def collect_all(self) -> list[dict]:
-        return self._results([a.collect() for a in self.actors])
+        return self._results(self._issue([(a, "collect", ()) for a in self.actors]))
 
     def call_all(self, method, *args) -> list:
-        return self._results([a.call(method, *args) for a in self.actors])
+        return self._results(self._issue([(a, "call", (method, *args)) for a in self.actors]))
 
     def worker_pids(self) -> list[int]:
-        return [i["pid"] for i in self._results([a.info() for a in self.actors])]
+        infos = self._results(self._issue([(a, "info", ()) for a in self.actors]))
+        return [i["pid"] for i in infos]
 
     def log_event(self, msg: dict) -> None:
         try:
