@@ -524,8 +524,6 @@ class SparseDataset:
         indptr = self._read(g, f"{base}/indptr", what, "int64", c1 - c0 + 1)
         if indptr[0] != 0:
             raise DatasetError(f"{what}: 'indptr' starts at {indptr[0]}, expected 0")
-        if np.any(np.diff(indptr) < 0):
-            raise DatasetError(f"{what}: 'indptr' is not non-decreasing")
         nnz = int(indptr[-1])
         indices = self._read(g, f"{base}/indices", what, "int32")
         if len(indices) != nnz:
@@ -534,18 +532,17 @@ class SparseDataset:
         data = self._read(g, f"{base}/data", what, "float64")
         if len(data) != nnz:
             raise DatasetError(f"{what}: 'data' has length {len(data)} but indptr[-1] = {nnz}")
-        if nnz and (indices.min() < 0 or indices.max() >= n):
+        from ..kernels.sparse import csc_check
+
+        code = csc_check(indptr, indices, data, n)  # one pass, no temporaries
+        if code == 1:
+            raise DatasetError(f"{what}: 'indptr' is not non-decreasing")
+        if code == 2:
             raise DatasetError(f"{what}: 'indices' has values outside [0, {n})")
-        if nnz > 1:
-            d = np.diff(indices.astype(np.int64))
-            starts = indptr[1:-1]
-            starts = starts[(starts > 0) & (starts < nnz)] - 1  # diffs across column starts
-            ok = d > 0
-            ok[starts] = True
-            if not ok.all():
-                raise DatasetError(f"{what}: 'indices' are not strictly increasing within a "
-                                   "column (unsorted or duplicate row indices)")
-        if not np.all(np.isfinite(data)):
+        if code == 3:
+            raise DatasetError(f"{what}: 'indices' are not strictly increasing within a "
+                               "column (unsorted or duplicate row indices)")
+        if code == 4:
             raise DatasetError(f"{what}: 'data' contains NaN or infinite values")
         if self._shard_nnz is not None and nnz != self._shard_nnz[k]:
             raise DatasetError(f"{what}: 'indptr' gives {nnz} nonzeros, attribute "

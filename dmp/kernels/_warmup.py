@@ -8,7 +8,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import lasso as K
-from .sparse import csc_column_stats
+from .sparse import csc_check, csc_column_stats
 
 
 def warm_lasso() -> None:
@@ -27,6 +27,7 @@ def warm_lasso() -> None:
     K.cd_sweeps(indptr, indices, data, sq, means, sums, w, r, idx, 0.1, 2, 1e-6, out)
     K.gather_columns(indptr, indices, data, idx)
     csc_column_stats(indptr, data)
+    csc_check(indptr, indices, data, n)
     K.correlations(indptr, indices, data, r, out)
     K.virtual_deltas(out, sq, w, 0.1, out.copy())
     K.block_matvec(indptr, indices, data, means, w, np.zeros(n))
