@@ -87,6 +87,16 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2),
                         format="%(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        # the embedded cluster's start/stop chatter is not the user's business (distributed
+        # sets its child loggers' levels itself, so filter at the handlers)
+        quiet = ("distributed", "bokeh", "tornado")
+
+        def keep(record):
+            return record.levelno >= logging.WARNING or not record.name.startswith(quiet)
+
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(keep)
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError, FileExistsError, ConnectionError) as exc:
