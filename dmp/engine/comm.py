@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .program import Broadcast
+
 
 def payload_nbytes(obj) -> int:
     """Bytes of array data in a message (numpy arrays, nested in dicts/lists/tuples).
@@ -19,7 +21,7 @@ def payload_nbytes(obj) -> int:
         return sum(payload_nbytes(v) for v in obj.values())
     if isinstance(obj, (list, tuple)):
         return sum(payload_nbytes(v) for v in obj)
-    if hasattr(obj, "value") and type(obj).__name__ == "Broadcast":
+    if isinstance(obj, Broadcast):
         return payload_nbytes(obj.value)
     if isinstance(obj, (bytes, bytearray)):
         return len(obj)

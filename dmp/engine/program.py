@@ -26,6 +26,15 @@ class Broadcast:
     value: Any
 
 
+def update_for(updates, k: int):
+    """The part of a pull result meant for partition ``k`` (None: nothing to apply)."""
+    if updates is None:
+        return None
+    if isinstance(updates, Broadcast):
+        return updates.value
+    return updates[k]
+
+
 class Program:
     """Base class of a model-parallel algorithm; subclass and override the methods.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from ..program import Broadcast
+from ..program import update_for
 from ..worker import ActorPartitionWorker
 from .base import WorkerLostError
 
@@ -136,23 +136,15 @@ class DaskBackend:
                 raise
         return out
 
-    @staticmethod
-    def _update_for(updates, k):
-        if updates is None:
-            return None
-        if isinstance(updates, Broadcast):
-            return updates.value
-        return updates[k]
-
     def step(self, round, updates, plans):
-        return self._issue([(a, "step", (round, self._update_for(updates, k), plans[k]))
+        return self._issue([(a, "step", (round, update_for(updates, k), plans[k]))
                             for k, a in enumerate(self.actors)])
 
     def gather(self, handle):
         return self._results(handle)
 
     def apply_all(self, updates) -> None:
-        self._results(self._issue([(a, "apply", (self._update_for(updates, k),))
+        self._results(self._issue([(a, "apply", (update_for(updates, k),))
                                    for k, a in enumerate(self.actors)]))
 
     def save_all(self, paths) -> None:

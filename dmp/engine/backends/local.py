@@ -6,16 +6,8 @@ simulate many workers on one machine.
 
 from __future__ import annotations
 
-from ..program import Broadcast
+from ..program import update_for
 from ..worker import PartitionWorker
-
-
-def _update_for(updates, k):
-    if updates is None:
-        return None
-    if isinstance(updates, Broadcast):
-        return updates.value
-    return updates[k]
 
 
 class LocalBackend:
@@ -49,7 +41,7 @@ class LocalBackend:
         pass
 
     def step(self, round, updates, plans):
-        return [w.step(round, _update_for(updates, k), plans[k])
+        return [w.step(round, update_for(updates, k), plans[k])
                 for k, w in enumerate(self.workers)]
 
     def gather(self, handle):
@@ -57,7 +49,7 @@ class LocalBackend:
 
     def apply_all(self, updates) -> None:
         for k, w in enumerate(self.workers):
-            w.apply(_update_for(updates, k))
+            w.apply(update_for(updates, k))
 
     def save_all(self, paths) -> None:
         for w, p in zip(self.workers, paths):
