@@ -75,3 +75,35 @@ def test_data_make_convert_info(tmp_path, capsys):
     assert open_dataset(tmp_path / "s.zarr").shape == (2000, 20000)
     assert main(["data", "info", str(tmp_path / "nothing.zarr")]) == 2
     assert "no dmp dataset" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_dmp_run_resume_after_a_crash(tmp_path, monkeypatch):
+    """A run that dies after writing checkpoints is continued by `dmp run --resume`."""
+    import dmp.pipeline as pipeline
+
+    spec = (REPO / "pipelines" / "lasso_small.yaml").read_text()
+    spec = spec.replace("schedule: [priority, round_robin]", "schedule: [round_robin]")
+    spec = spec.replace("checkpoint_every: 25", "checkpoint_every: 5")
+    path = tmp_path / "p.yaml"
+    path.write_text(spec)
+    out = tmp_path / "run"
+    real_summary = pipeline._summary
+
+    def crash(est, wall):
+        raise RuntimeError("driver killed")
+
+    monkeypatch.setattr(pipeline, "_summary", crash)
+    with pytest.raises(RuntimeError, match="driver killed"):
+        main(["run", str(path), "--output", str(out), "--no-progress"])
+    ckpt = tmp_path / ".run-checkpoints" / "round_robin.zarr"
+    assert (ckpt / "zarr.json").exists() and not out.exists()
+    monkeypatch.setattr(pipeline, "_summary", real_summary)
+    assert main(["run", str(path), "--output", str(out), "--no-progress", "--resume"]) == 0
+    resumed = json.loads((out / "metrics.json").read_text())["runs"]["round_robin"]
+    assert not ckpt.exists()  # cleaned up after success
+    fresh_out = tmp_path / "fresh"
+    assert main(["run", str(path), "--output", str(fresh_out), "--no-progress"]) == 0
+    fresh = json.loads((fresh_out / "metrics.json").read_text())["runs"]["round_robin"]
+    assert abs(resumed["objective"] - fresh["objective"]) <= 1e-9 * fresh["objective"]
