@@ -1,7 +1,6 @@
 """`dmp run` end to end on the embedded LocalCluster, and `dmp data`."""
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np

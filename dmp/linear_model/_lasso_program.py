@@ -362,7 +362,7 @@ class LassoProgram(Program):
     def pull(self, round, partials):
         d = self.driver
         kind = partials[0]["kind"]
-        n, P = d["n"], d["P"]
+        n = d["n"]
         if kind == "cd":
             D = np.zeros(n)
             for part in partials:
