@@ -121,6 +121,18 @@ def _balanced_bounds(weights: np.ndarray, n_parts: int) -> np.ndarray:
 # --------------------------------------------------------------------------- input adapters
 
 
+def partition_shards(shard_nnz, n_parts) -> list[list[int]]:
+    """Split shards into ``n_parts`` contiguous groups of roughly equal nnz."""
+    n_shards = len(shard_nnz)
+    if isinstance(n_parts, bool) or not isinstance(n_parts, (int, np.integer)) or n_parts < 1:
+        raise ValueError(f"n_parts must be a positive integer, got {n_parts!r}")
+    if n_parts > n_shards:
+        raise ValueError(f"cannot split into {n_parts} parts: the dataset has only "
+                         f"{n_shards} shards; rewrite it with n_shards >= {n_parts}")
+    b = _balanced_bounds(shard_nnz, int(n_parts))
+    return [list(range(int(b[i]), int(b[i + 1]))) for i in range(n_parts)]
+
+
 def column_stats(M: sp.csc_matrix) -> tuple[np.ndarray, np.ndarray]:
     """Column sums and squared norms of a CSC block (one summation order everywhere, so
     in-memory and stored datasets agree to the last bit)."""
@@ -648,11 +660,4 @@ class SparseDataset:
         list of list of int
             Shard indices of each group, in order; every group is non-empty.
         """
-        if isinstance(n_parts, bool) or not isinstance(n_parts, (int, np.integer)) \
-                or n_parts < 1:
-            raise ValueError(f"n_parts must be a positive integer, got {n_parts!r}")
-        if n_parts > self.n_shards:
-            raise ValueError(f"cannot split into {n_parts} parts: the dataset has only "
-                             f"{self.n_shards} shards; rewrite it with n_shards >= {n_parts}")
-        b = _balanced_bounds(self.shard_nnz(), int(n_parts))
-        return [list(range(int(b[i]), int(b[i + 1]))) for i in range(n_parts)]
+        return partition_shards(self.shard_nnz(), n_parts)

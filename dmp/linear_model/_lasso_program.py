@@ -43,6 +43,10 @@ def _decode_add(msg, out: np.ndarray, scale: float = 1.0) -> None:
         out += scale * msg[1]
 
 
+# a working set is solved to this fraction of the current relative duality gap
+_INNER_GAP_FRACTION = 0.1
+
+
 def _l1_change(w_old, delta, t):
     return float(np.abs(w_old + t * delta).sum() - np.abs(w_old).sum())
 
@@ -98,8 +102,8 @@ def priority_sample(prio, floor, k, rng):
     return np.concatenate([chosen_live, dead.astype(np.int64)])
 
 
-def _exact_step(r, D, w_old, delta, nalpha, t_max=1.0, iters=50):
-    """Minimise ``1/2 ||r + t D||^2 + nalpha ||w_old + t delta||_1`` over ``t`` in [0, t_max].
+def _exact_step(r, D, w_old, delta, nalpha, iters=50):
+    """Minimise ``1/2 ||r + t D||^2 + nalpha ||w_old + t delta||_1`` over ``t`` in [0, 1].
 
     The function is convex and piecewise quadratic; bisection on the sign of its derivative
     (a subgradient at the kinks) finds the minimiser to ~1e-15.  Workers that solved their own
@@ -118,11 +122,11 @@ def _exact_step(r, D, w_old, delta, nalpha, t_max=1.0, iters=50):
         sgn = np.where(sgn == 0.0, np.sign(delta), sgn)
         return t * dd + rd + nalpha * float(delta @ sgn)
 
-    if slope(t_max) <= 0.0:
-        return t_max
+    if slope(1.0) <= 0.0:
+        return 1.0
     if slope(0.0) >= 0.0:
         return 0.0
-    lo, hi = 0.0, t_max
+    lo, hi = 0.0, 1.0
     for _ in range(iters):
         mid = 0.5 * (lo + hi)
         if slope(mid) > 0.0:
@@ -160,8 +164,6 @@ class LassoProgram(Program):
         self.seed = seed
         self.filter_work = filter_work
         self.inner_sweeps = int(inner_sweeps)
-        self.inner_gap_frac = 0.1
-
 
     # ================================================================== worker side
     def init_partition(self, spec):
@@ -222,7 +224,7 @@ class LassoProgram(Program):
             w_old = s["w"][kept]
             r_before = s["r"].copy()
             delta = np.empty(len(kept))
-            sweeps = plan.get("sweeps", 1)
+            sweeps = plan["sweeps"]
             alpha_n = self.alpha * s["n"]
             if sweeps == 1:
                 K.cd_sweep(s["indptr"], s["indices"], s["data"], s["sq"], s["means"],
@@ -236,7 +238,7 @@ class LassoProgram(Program):
                 done = K.cd_sweeps(ip, ind, dat, s["sq"][kept], s["means"][kept],
                                    s["col_sums"][kept], w_ws, s["r"],
                                    np.arange(len(kept), dtype=np.int64), alpha_n,
-                                   sweeps, plan.get("inner_tol", self.tol), delta)
+                                   sweeps, plan["inner_tol"], delta)
                 s["w"][kept] = w_ws
                 solved = done < sweeps
             dr = s["r"] - r_before
@@ -302,7 +304,7 @@ class LassoProgram(Program):
             "prio": np.zeros(p), "rng": np.random.default_rng(self.seed), "rr": 0,
             "need_gap": True, "need_refresh": False, "since_check": 0, "n_checks": 0,
             "gap": np.inf, "objective": 0.5 * float(ytil @ ytil) / n, "converged": False,
-            "updates": 0, "last": {},
+            "updates": 0, "last": {}, "max_abs_w": 0.0,
         }
         self._rebuild_sampler()
 
@@ -344,7 +346,7 @@ class LassoProgram(Program):
         # solve each working set only as far as the global gap warrants (celer's rule of
         # thumb): tight inner tolerances while the working set still changes waste sweeps
         gap_rel = d["gap"] / max(0.5 * d["ynorm2"] / d["n"], 1e-300)
-        inner_tol = float(max(self.tol, min(1e-2, self.inner_gap_frac * gap_rel)))
+        inner_tol = float(max(self.tol, min(1e-2, _INNER_GAP_FRACTION * gap_rel)))
         owner = np.searchsorted(d["starts"], cand, side="right") - 1
         plans = []
         for k in range(P):
@@ -397,7 +399,7 @@ class LassoProgram(Program):
             d["last"] = {"kind": "cd", "n_candidates": int(sum(pt["n_cand"] for pt in partials)),
                          "n_kept": n_kept, "step": t}
             moving = t * max((float(np.abs(b).max(initial=0.0)) for b in deltas), default=0.0)
-            d["max_abs_w"] = max(d.get("max_abs_w", 0.0), max(
+            d["max_abs_w"] = max(d["max_abs_w"], max(
                 (float(np.abs(a + t * b).max(initial=0.0)) for a, b in zip(w_old, deltas)),
                 default=0.0))
             # check the gap after an epoch's worth of updates, or as soon as the last round's

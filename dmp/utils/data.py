@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
-from ..io.sparse import _balanced_bounds, column_stats
+from ..io.sparse import _balanced_bounds, column_stats, partition_shards
 
 
 class InMemorySparseDataset:
@@ -59,5 +59,4 @@ class InMemorySparseDataset:
                              shape=(X.shape[0], c1 - c0), copy=False)
 
     def column_partition(self, n_parts: int) -> list[list[int]]:
-        b = _balanced_bounds(self.shard_nnz(), n_parts)
-        return [list(range(int(b[i]), int(b[i + 1]))) for i in range(n_parts)]
+        return partition_shards(self.shard_nnz(), n_parts)
