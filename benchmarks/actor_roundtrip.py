@@ -15,6 +15,8 @@ import time
 import numpy as np
 from distributed import Client, LocalCluster
 
+from dmp.engine.backends.dask import cluster_workers
+
 
 class Echo:
     def noop(self, x=None):
@@ -42,7 +44,7 @@ def main():
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
             Client(cluster) as client:
-        names = sorted(client.scheduler_info()["workers"])
+        names = sorted(cluster_workers(client))
         a, b = (client.submit(Echo, actor=True, workers=[w]).result() for w in names)
         rows = []
         for direct in (False, True):

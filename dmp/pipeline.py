@@ -29,6 +29,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from .engine.backends.dask import cluster_workers
+
 _KEYS = {"name", "description", "dataset", "estimator", "compare", "cluster",
          "checkpoint_every", "output"}
 _ESTIMATORS = {"Lasso": "dmp.linear_model:Lasso"}
@@ -158,7 +160,7 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
         if ratio is not None:
             params["alpha"] = float(ratio) * _alpha_max(client, ds, fit_intercept)
             log(f"alpha = {ratio} x alpha_max = {params['alpha']:.6g}")
-        n_workers = len(client.scheduler_info(n_workers=-1)["workers"])
+        n_workers = len(cluster_workers(client))
         runs, histories, fitted = {}, {}, {}
         for value in cmp_values:
             label = str(value) if cmp_key else est_spec["class"]
@@ -169,7 +171,7 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
             has_ckpt = (ckpt / "zarr.json").exists()
             if has_ckpt and not resume:
                 shutil.rmtree(ckpt)
-            est = cls(**p, backend="dask", show_progress=show_progress, checkpoint=str(ckpt),
+            est = cls(**p, backend=client, show_progress=show_progress, checkpoint=str(ckpt),
                       checkpoint_every=int(spec.get("checkpoint_every", 50)),
                       resume=bool(resume and has_ckpt))
             log(f"fitting {est_spec['class']} ({cmp_key}={value}) on {n_workers} workers")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from sklearn.linear_model import Lasso as SkLasso
 
-from dmp.engine.backends.dask import DaskBackend
+from dmp.engine.backends.dask import DaskBackend, cluster_workers
 from dmp.io import write_sparse
 from dmp.linear_model import Lasso
 from dmp.linear_model._lasso_program import LassoProgram
@@ -47,6 +47,20 @@ def test_auto_backend_uses_active_client(dask_client):
     est = Lasso(alpha=0.05 * alpha_max(X, y), tol=1e-8, random_state=0).fit(X, y)
     # one partition per Dask worker, with push times from both
     assert est.history_["push_s"].shape[1] == 2
+
+
+def test_explicit_client_backend(dask_client):
+    """``backend=client`` runs on that client's cluster even when another client is current."""
+    from distributed import Client
+
+    X, y = make_problem(seed=2)
+    kw = dict(alpha=0.05 * alpha_max(X, y), tol=1e-8, random_state=0)
+    ref = Lasso(backend="local", n_workers=2, **kw).fit(X, y)
+    with Client(dask_client.scheduler.address, set_as_default=False) as other:
+        est = Lasso(backend=other, **kw).fit(X, y)
+        assert other.direct_to_workers is not True  # restored after the fit
+    assert est.history_["push_s"].shape[1] == len(cluster_workers(dask_client)) == 2
+    np.testing.assert_allclose(est.coef_, ref.coef_, rtol=0, atol=1e-13)
 
 
 def test_workers_load_their_shards_from_the_store(dask_client, tmp_path):
@@ -128,7 +142,7 @@ def test_lost_worker_without_replacement_redeals_partitions(tmp_path):
         est = Lasso(backend=backend, checkpoint=str(tmp_path / "ckpt.zarr"),
                     checkpoint_every=10, callback=retire_once,
                     **{k: v for k, v in kw.items() if k != "n_workers"}).fit(X, y)
-        survivors = client.scheduler_info()["workers"]
+        survivors = cluster_workers(client)
         assert len(survivors) == 1
         # both partitions now live on the one surviving worker
         assert len(set(map(str, backend.placement))) == 1

@@ -72,8 +72,9 @@ class Lasso(RegressorMixin, BaseEstimator):
         Stop when the duality gap <= ``tol * ||y~||^2 / n`` (scikit-learn's rule).
     check_every : int or "auto", default="auto"
         Coordinate updates between duality-gap rounds (``"auto"``: the number of features).
-    backend : {"auto", "local", "dask"} or backend instance, default="auto"
-        ``"auto"`` uses the active ``distributed.Client`` if there is one, else in-process.
+    backend : {"auto", "local", "dask"}, distributed.Client or backend instance, default="auto"
+        ``"auto"`` uses the active ``distributed.Client`` if there is one, else in-process;
+        a ``Client`` runs on that client's cluster.
     n_workers : int, optional
         Number of partitions (default: every Dask worker, or 1 in-process).
     random_state : int, RandomState or None

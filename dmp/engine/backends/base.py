@@ -19,18 +19,31 @@ def active_client():
         return None
 
 
+def _is_client(obj) -> bool:
+    try:
+        from distributed import Client
+    except ImportError:  # pragma: no cover - distributed is a dependency
+        return False
+    return isinstance(obj, Client)
+
+
 def resolve_backend(backend="auto", n_workers=None):
     """Turn an estimator's ``backend`` argument into a backend instance.
 
     ``"auto"`` uses the active ``distributed.Client`` if there is one, else the in-process
     :class:`LocalBackend` (it never starts a cluster by itself).  ``"local"`` and ``"dask"``
-    force one; a backend instance is returned unchanged.
+    force one; a ``distributed.Client`` runs on that client's cluster; a backend instance is
+    returned unchanged.
     """
     from .local import LocalBackend
 
     if not isinstance(backend, str):
         if hasattr(backend, "step") and hasattr(backend, "start"):
             return backend
+        if _is_client(backend):
+            from .dask import DaskBackend
+
+            return DaskBackend(backend, n_workers=n_workers)
         raise ValueError(f"backend must be 'auto', 'local', 'dask' or a backend instance, "
                          f"got {backend!r}")
     if backend == "local":

@@ -16,6 +16,17 @@ from .base import WorkerLostError
 _LOST_MARKERS = ("lost", "closed", "connection", "timed out", "no valid worker", "not found")
 
 
+def cluster_workers(client) -> dict:
+    """``{address: name}`` of the workers the scheduler knows now.
+
+    Asks the scheduler directly: ``Client.scheduler_info()`` returns a cached identity that
+    the client's periodic refresh (which omits workers) can overwrite between the fetch and
+    the read, so it is sometimes empty on a loaded machine.
+    """
+    info = client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+    return {addr: w.get("name", addr) for addr, w in info.items()}
+
+
 def _is_worker_loss(exc: BaseException) -> bool:
     from distributed.comm.core import CommClosedError
 
@@ -72,8 +83,7 @@ class DaskBackend:
         return self.n_workers
 
     def _worker_names(self) -> list:
-        info = self.client.scheduler_info(n_workers=-1)["workers"]
-        return sorted((w.get("name", addr) for addr, w in info.items()), key=str)
+        return sorted(cluster_workers(self.client).values(), key=str)
 
     def _create(self, program, specs, names) -> None:
         self.placement = [names[k % len(names)] for k in range(len(specs))]
