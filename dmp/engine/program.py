@@ -45,6 +45,9 @@ class Program:
     """
 
     name = "program"
+    #: collect every partition's arrays at the end of the fit (for :meth:`finish`); False
+    #: when the model lives on the driver and the partitions hold only auxiliary state
+    gather_partitions = True
 
     def __init__(self):
         self.driver: dict = {}

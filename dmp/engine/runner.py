@@ -12,6 +12,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .backends.base import WorkerLostError
 from .checkpoint import CheckpointStore
 from .comm import payload_nbytes
@@ -182,7 +184,7 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
                         break
                 if update is not None:
                     backend.apply_all(update)
-                arrays = backend.collect_all()
+                arrays = backend.collect_all() if program.gather_partitions else []
                 break
             except WorkerLostError as exc:
                 offset = history[-1]["time"] if history else 0.0
@@ -202,3 +204,22 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
     return RunResult(history=history, n_rounds=round_, partition_arrays=arrays,
                      converged=converged, wall_s=time.perf_counter() - t_start,
                      recoveries=recoveries)
+
+
+def history_arrays(history: list[dict]) -> dict:
+    """List of per-round dicts -> dict of arrays (push_s becomes rounds x workers)."""
+    if not history:
+        return {}
+    keys = list(history[0].keys())
+    for rec in history[1:]:
+        for k in rec:
+            if k not in keys:
+                keys.append(k)
+    out = {}
+    for k in keys:
+        vals = [rec.get(k) for rec in history]
+        try:
+            out[k] = np.asarray(vals)
+        except ValueError:
+            out[k] = np.asarray(vals, dtype=object)
+    return out

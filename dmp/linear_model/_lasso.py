@@ -16,12 +16,22 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..engine import resolve_backend, run
+from ..engine.runner import history_arrays
 from ..utils.data import InMemorySparseDataset
 from ._lasso_program import LassoProgram
 
 
 def _is_dataset(X) -> bool:
     return hasattr(X, "load_shards") and hasattr(X, "col_bounds")
+
+
+def seed_from(random_state) -> int:
+    """An integer seed from a scikit-learn ``random_state`` (None draws a fresh one)."""
+    if random_state is None:
+        return int(np.random.SeedSequence().entropy % (2**63))
+    if isinstance(random_state, numbers.Integral):
+        return int(random_state)
+    return int(random_state.randint(0, 2**31 - 1))
 
 
 class Lasso(RegressorMixin, BaseEstimator):
@@ -170,12 +180,7 @@ class Lasso(RegressorMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ helpers
     def _seed(self):
-        rs = self.random_state
-        if rs is None:
-            return int(np.random.SeedSequence().entropy % (2**63))
-        if isinstance(rs, numbers.Integral):
-            return int(rs)
-        return int(rs.randint(0, 2**31 - 1))
+        return seed_from(self.random_state)
 
     def _prepare_data(self, X, y, backend):
         """Return (dataset, cleanup_dir); validates in-memory input the scikit-learn way."""
@@ -278,7 +283,7 @@ class Lasso(RegressorMixin, BaseEstimator):
         self.n_updates_ = d["updates"]
         self.dual_gap_ = float(d["gap"])
         self.objective_ = float(d["objective"])
-        self.history_ = _history_arrays(result.history)
+        self.history_ = history_arrays(result.history)
         self.recoveries_ = result.recoveries
         self.wall_time_ = result.wall_s
         if not result.converged and self.tol > 0:
@@ -299,22 +304,3 @@ class Lasso(RegressorMixin, BaseEstimator):
         from ..plotting import plot_convergence
 
         return plot_convergence({"Lasso": self.history_}, ax=ax)
-
-
-def _history_arrays(history: list[dict]) -> dict:
-    """List of per-round dicts -> dict of arrays (push_s becomes rounds x workers)."""
-    if not history:
-        return {}
-    keys = list(history[0].keys())
-    for rec in history[1:]:
-        for k in rec:
-            if k not in keys:
-                keys.append(k)
-    out = {}
-    for k in keys:
-        vals = [rec.get(k) for rec in history]
-        try:
-            out[k] = np.asarray(vals)
-        except ValueError:
-            out[k] = np.asarray(vals, dtype=object)
-    return out

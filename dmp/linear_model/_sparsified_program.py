@@ -1,0 +1,417 @@
+"""Independently sparsified distributed gradient methods as a push / pull Program.
+
+Problem (ALGORITHMS.md Part 3): ``min_x sum_i w_i f_i(x) + R(x)`` where worker ``i`` owns
+``l_i`` rows, ``f_i`` is the mean loss over them, ``w_i = l_i / N`` and
+``R(x) = alpha (l1_ratio |x|_1 + (1 - l1_ratio) / 2 |x|^2)`` (the intercept is not
+penalised).  The coordinates are split into ``m`` contiguous blocks.
+
+Every round each worker computes its local estimate on resident rows, draws ``tau`` of the
+``m`` blocks *independently* (tau-nice, seeded by (seed, worker, round)) and uploads only those
+blocks (values plus int32 block ids; no ids when ``tau = m``).  The driver scales them by
+``m / tau`` (unbiased), forms the estimator of the method, takes a proximal step and
+broadcasts the new point (only the changed blocks when that is smaller).
+
+* ``isgd``  : g = sum_i w_i (m/tau) grad_i[S_i]; exact local gradients (``batch_size=None``)
+  or minibatch stochastic ones.
+* ``isega`` : shifts h_i on the workers, h = sum_i w_i h_i on the driver;
+  g = h + sum_i w_i (m/tau) (grad_i - h_i)[S_i]; h_i[S_i] <- grad_i[S_i].
+* ``isaga`` : SAGA memory per row and block (one scalar per row and block for a linear
+  model); g = a + sum_i w_i (m/tau) delta_i, a += sum_i w_i (b / l_i) delta_i.
+* ``iasgd`` : the isgd estimator evaluated at an extrapolated point y (momentum):
+  x+ = prox(y - step g(y)), y+ = x+ + beta (x+ - x).
+
+Round 0 is an initialisation round: every worker reports its row count and smoothness
+constants and the loss at the starting point; the driver derives the step size from them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..engine.program import Broadcast, Program
+from ..kernels import sparsify as K
+
+METHODS = ("isgd", "isega", "isaga", "iasgd")
+_LOSS_IDS = {"squared_error": K.SQUARED, "log_loss": K.LOGISTIC}
+# curvature bound of the loss in the margin: squared 1, logistic 1/4
+_LOSS_CURVATURE = {"squared_error": 1.0, "log_loss": 0.25}
+
+
+def block_bounds(n_coords: int, n_blocks: int) -> np.ndarray:
+    """Boundaries of ``n_blocks`` contiguous blocks of nearly equal size."""
+    return np.linspace(0, n_coords, n_blocks + 1).round().astype(np.int64)
+
+
+def max_eigenvalue_gram(A, fit_intercept: bool) -> float:
+    """Largest eigenvalue of ``[A 1]^T [A 1]`` (without the ones column if no intercept)."""
+    import scipy.sparse as sp
+    from scipy.sparse.linalg import LinearOperator, eigsh
+
+    n, d = A.shape
+    D = d + int(fit_intercept)
+    if n == 0:
+        return 0.0
+    if min(n, D) <= 600:
+        M = A.toarray() if sp.issparse(A) else np.asarray(A)
+        if fit_intercept:
+            M = np.hstack([M, np.ones((n, 1))])
+        small = M @ M.T if n < D else M.T @ M
+        return float(np.linalg.eigvalsh(small)[-1])
+
+    def matvec(v):
+        v = np.ravel(v)
+        z = A @ v[:d] + (v[d] if fit_intercept else 0.0)
+        out = np.empty(D)
+        out[:d] = A.T @ z
+        if fit_intercept:
+            out[d] = z.sum()
+        return out
+
+    op = LinearOperator((D, D), matvec=matvec, dtype=np.float64)
+    val = eigsh(op, k=1, which="LA", tol=1e-4, return_eigenvectors=False,
+                v0=np.ones(D))
+    return float(val[0]) * (1 + 1e-3)  # eigsh converges from below
+
+
+class SparsifiedProgram(Program):
+    """Driver and worker logic of the independently sparsified methods.
+
+    Parameters
+    ----------
+    dataset : row dataset (``dmp.io.SparseRowDataset`` or the in-memory equivalent)
+    loss : {"squared_error", "log_loss"}
+    labels : tuple (negative, positive) or None
+        For ``log_loss``: stored targets equal to ``positive`` become +1, the others -1.
+    method, alpha, l1_ratio, fit_intercept, n_blocks, tau, batch_size, step_size,
+    momentum, tol, n_iter_no_change, eval_every, seed : see the estimators.
+    x0 : array or None
+        Starting point (warm start), length ``n_features + fit_intercept``.
+    """
+
+    name = "sparsified"
+    gather_partitions = False  # the model lives on the driver
+
+    def __init__(self, dataset, *, loss, labels, method, alpha, l1_ratio, fit_intercept,
+                 n_blocks, tau, batch_size, step_size, momentum, tol, n_iter_no_change,
+                 eval_every, seed, x0=None):
+        super().__init__()
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        self.dataset = dataset
+        self.loss = loss
+        self.loss_id = _LOSS_IDS[loss]
+        self.labels = labels
+        self.method = method
+        self.alpha = float(alpha)
+        self.l1_ratio = float(l1_ratio)
+        self.fit_intercept = bool(fit_intercept)
+        self.n_features = int(dataset.shape[1])
+        self.n_coords = self.n_features + int(self.fit_intercept)
+        self.n_blocks = int(n_blocks)
+        self.bounds = block_bounds(self.n_coords, self.n_blocks)
+        self.tau = int(tau)
+        self.batch_size = None if batch_size is None else int(batch_size)
+        self.step_size = step_size
+        self.momentum = momentum
+        self.tol = tol
+        self.n_iter_no_change = int(n_iter_no_change)
+        self.eval_every = int(eval_every)
+        self.seed = int(seed)
+        self.x0 = None if x0 is None else np.asarray(x0, dtype=np.float64)
+        self.stochastic = method == "isaga" or batch_size is not None
+
+    # ================================================================== worker side
+    def init_partition(self, spec):
+        A, y = self.dataset.load_row_shards(spec["shards"])
+        A = A.tocsr()
+        if not A.has_sorted_indices:
+            A.sort_indices()
+        y = np.asarray(y, dtype=np.float64)
+        if self.labels is not None:
+            y = np.where(y == self.labels[1], 1.0, -1.0)
+        s = {"k": int(spec["index"]), "indptr": A.indptr.astype(np.int64),
+             "indices": A.indices.astype(np.int32), "data": A.data.astype(np.float64),
+             "y": y, "l": A.shape[0], "x": np.zeros(self.n_coords),
+             "grad": np.zeros(self.n_coords), "A": A}
+        if self.x0 is not None:
+            s["x"][:] = self.x0
+        if self.method == "isega":
+            s["shift"] = np.zeros(self.n_coords)
+        if self.method == "isaga":
+            s["table"] = np.zeros((s["l"], self.n_blocks))
+            s["col_block"] = (np.searchsorted(self.bounds, np.arange(self.n_coords),
+                                              side="right") - 1).astype(np.int64)
+        return s
+
+    def _local_stats(self, s):
+        c = _LOSS_CURVATURE[self.loss]
+        l = s["l"]
+        L = c * max_eigenvalue_gram(s["A"], self.fit_intercept) / max(l, 1)
+        sq = K.row_sq_norms(s["indptr"], s["data"], self.fit_intercept)
+        return {"l": l, "L": L, "L_point": c * float(sq.max(initial=0.0))}
+
+    def _sample_blocks(self, k, round):
+        if self.tau == self.n_blocks:
+            return None
+        return K.tau_nice(self.seed, 2 * k, round, self.n_blocks, self.tau)
+
+    def push(self, s, plan):
+        x = s["x"]
+        args = (s["indptr"], s["indices"], s["data"], s["y"])
+        if plan["kind"] == "init":
+            out = self._local_stats(s)
+            out["loss"] = K.loss_value(*args, x, self.loss_id, self.fit_intercept)
+            return out
+        S = self._sample_blocks(s["k"], plan["round"])
+        ids = np.arange(self.n_blocks, dtype=np.int32) if S is None else S
+        l, grad, loss = s["l"], s["grad"], None
+        if self.method == "isaga" or self.batch_size is not None:
+            b = min(self.batch_size or 1, l)
+            rows = K.tau_nice(self.seed, 2 * s["k"] + 1, plan["round"], l, b)
+            if self.method == "isaga":
+                vals = K.saga_delta(*args, x, rows, self.loss_id, self.fit_intercept,
+                                    s["table"], s["col_block"], self.bounds, ids) / b
+            else:
+                K.batch_gradient(*args, x, rows, self.loss_id, self.fit_intercept, grad)
+                vals = K.gather_blocks(grad, self.bounds, ids, 1.0 / b)
+            if plan["eval"]:
+                loss = K.loss_value(*args, x, self.loss_id, self.fit_intercept)
+        else:
+            loss = K.loss_gradient(*args, x, self.loss_id, self.fit_intercept, grad)
+            if self.method == "isega":
+                grad /= l
+                vals = K.shift_delta(grad, s["shift"], self.bounds, ids)
+            else:
+                vals = K.gather_blocks(grad, self.bounds, ids, 1.0 / l)
+        return {"blocks": S, "values": vals, "loss": loss}
+
+    def apply(self, s, update):
+        if "x" in update:
+            s["x"][:] = update["x"]
+        else:
+            K.assign_blocks(s["x"], self.bounds, update["blocks"], update["values"])
+
+    def partition_arrays(self, s):
+        out = {"x": s["x"].copy()}
+        if self.method == "isega":
+            out["shift"] = s["shift"].copy()
+        if self.method == "isaga":
+            out["table"] = s["table"].copy()
+        return out
+
+    def restore_partition(self, s, arrays):
+        for name in self.partition_arrays(s):
+            a = np.asarray(arrays[name], dtype=np.float64)
+            target = s["table"] if name == "table" else s[name]
+            if a.shape != target.shape:
+                raise ValueError(f"checkpoint array {name!r} has shape {a.shape}, "
+                                 f"expected {target.shape}")
+            target[...] = a
+
+    # ================================================================== driver side
+    def partition_specs(self, n_partitions):
+        groups = self.dataset.row_partition(n_partitions)
+        return [{"shards": g, "index": k} for k, g in enumerate(groups)]
+
+    def start(self, n_partitions):
+        D = self.n_coords
+        x = np.zeros(D) if self.x0 is None else self.x0.copy()
+        self.driver = {
+            "n_parts": n_partitions, "x": x, "point": x.copy(), "memory": np.zeros(D),
+            "step": None, "beta": None, "weights": None, "l": None, "k": 0,
+            "objective": math.nan, "best": math.inf, "no_improve": 0, "converged": False,
+            "blocks_up": 0, "stats": None,
+        }
+
+    def schedule(self, round):
+        if round == 0:
+            return [{"kind": "init", "round": 0}] * self.driver["n_parts"]
+        ev = (not self.stochastic) or (round % self.eval_every == 0)
+        return [{"kind": "step", "round": round, "eval": ev}] * self.driver["n_parts"]
+
+    def penalty(self, x) -> float:
+        w = x[:self.n_features]
+        return self.alpha * (self.l1_ratio * float(np.abs(w).sum())
+                             + 0.5 * (1.0 - self.l1_ratio) * float(w @ w))
+
+    def _objective(self, partials, point):
+        d = self.driver
+        if any(p["loss"] is None for p in partials):
+            return None
+        return float(sum(w * p["loss"] / max(l, 1)
+                         for w, p, l in zip(d["weights"], partials, d["l"]))) \
+            + self.penalty(point)
+
+    def _init_from_stats(self, stats):
+        d = self.driver
+        l = np.array([st["l"] for st in stats], dtype=np.float64)
+        N = l.sum()
+        w = l / N
+        d["l"], d["weights"] = l.tolist(), w.tolist()
+        L_i = np.array([st["L"] for st in stats])
+        Lp_i = np.array([st["L_point"] for st in stats])
+        L = float(w @ L_i)  # an upper bound of the smoothness of sum_i w_i f_i
+        r = self.n_blocks / self.tau
+        if self.stochastic:
+            b = np.minimum(self.batch_size or 1, l)
+            # expected smoothness of a b-minibatch without replacement (Gower et al. 2019)
+            frac = np.where(l > 1, (l - b) / np.maximum(b * (l - 1), 1), 0.0)
+            L_i = L_i + (Lp_i - L_i) * frac
+            L = float(w @ L_i)
+        L_w = float(np.max(w * L_i))
+        A = L + (r - 1.0) * L_w
+        d["L"], d["L_w"], d["A"] = L, L_w, A
+        if self.step_size == "auto":
+            # 1/A is safe for exact local gradients (the variance of the estimator is at
+            # most (r-1) max_i w_i L_i times the Bregman distance); shifts only lower it
+            factor = {"isgd": 2.0 if self.stochastic else 1.0, "iasgd": 1.0,
+                      "isega": 1.0, "isaga": 3.0}[self.method]
+            d["step"] = 1.0 / (factor * A) if A > 0 else 1.0
+        else:
+            d["step"] = float(self.step_size)
+        mu = self.alpha * (1.0 - self.l1_ratio)
+        if self.method == "iasgd":
+            if self.momentum != "auto":
+                d["beta"] = float(self.momentum)
+            elif mu > 0 and L > 0:
+                rho = A / L
+                kappa = rho * rho * L / mu
+                d["beta"] = (math.sqrt(kappa) - 1.0) / (math.sqrt(kappa) + 1.0)
+            else:
+                d["beta"] = None  # convex schedule k / (k + 3)
+
+    def pull(self, round, partials):
+        d = self.driver
+        if round == 0:
+            self._init_from_stats(partials)
+            d["stats"] = [{k: float(v) for k, v in p.items() if v is not None}
+                          for p in partials]
+            d["objective"] = self._objective(partials, d["point"])
+            d["best"] = d["objective"]
+            d["upload"] = [0] * len(partials)
+            return None
+        g = self.estimate(partials)
+        self._advance_memory(partials)
+        D = self.n_coords
+        evaluated = d["point"]
+        d["objective_at"] = self._objective(partials, evaluated)
+        step = d["step"]
+        new_x = np.empty(D)
+        K.prox_elastic_net(evaluated - step * g, step, self.alpha * self.l1_ratio,
+                           self.alpha * (1.0 - self.l1_ratio), self.n_features, new_x)
+        if self.method == "iasgd":
+            k = d["k"]
+            beta = d["beta"] if d["beta"] is not None else k / (k + 3.0)
+            new_point = new_x + beta * (new_x - d["x"])
+        else:
+            new_point = new_x
+        d["x"] = new_x
+        d["k"] += 1
+        d["blocks_up"] = sum(len(self._blocks_of(p)) for p in partials)
+        d["upload"] = [_upload_bytes(p) for p in partials]
+        update = self._encode_point(d["point"], new_point)
+        d["point"] = new_point
+        self._track(d["objective_at"])
+        return update
+
+    def _blocks_of(self, partial):
+        if partial["blocks"] is None:
+            return np.arange(self.n_blocks, dtype=np.int32)
+        return partial["blocks"]
+
+    def estimate(self, partials) -> np.ndarray:
+        """The method's unbiased estimate of the full gradient from one round's uploads
+        (does not change the driver state)."""
+        d = self.driver
+        r = self.n_blocks / self.tau
+        # shifted methods start from the memory (average shift / SAGA table) of last round
+        g = d["memory"].copy() if self.method in ("isega", "isaga") else np.zeros(self.n_coords)
+        for wi, p in zip(d["weights"], partials):
+            K.scatter_add_blocks(g, self.bounds, self._blocks_of(p), p["values"], wi * r)
+        return g
+
+    def _advance_memory(self, partials) -> None:
+        d = self.driver
+        for wi, li, p in zip(d["weights"], d["l"], partials):
+            if self.method == "isega":
+                scale = wi
+            elif self.method == "isaga":
+                scale = wi * min(self.batch_size or 1, li) / li
+            else:
+                return
+            K.scatter_add_blocks(d["memory"], self.bounds, self._blocks_of(p), p["values"],
+                                 scale)
+
+    def _encode_point(self, old, new):
+        """Broadcast only the blocks that changed when that is smaller than the point."""
+        changed = np.maximum.reduceat((old != new).astype(np.int8), self.bounds[:-1]) > 0
+        ids = np.flatnonzero(changed).astype(np.int32)
+        sizes = np.diff(self.bounds)[ids]
+        if 8 * int(sizes.sum()) + 4 * len(ids) < 8 * self.n_coords:
+            return Broadcast({"blocks": ids, "values": K.gather_blocks(new, self.bounds, ids,
+                                                                       1.0)})
+        return Broadcast({"x": new.copy()})
+
+    def _track(self, f):
+        d = self.driver
+        if f is None:
+            return
+        d["objective"] = f
+        if not math.isfinite(f):
+            d["diverged"] = True
+            d["converged"] = True
+            return
+        if self.tol is None:
+            return
+        if f > d["best"] - self.tol * max(1.0, abs(d["best"])):
+            d["no_improve"] += 1
+        else:
+            d["no_improve"] = 0
+        d["best"] = min(d["best"], f)
+        if d["no_improve"] >= self.n_iter_no_change:
+            d["converged"] = True
+
+    def metrics(self):
+        d = self.driver
+        f = d["objective"] if d["k"] == 0 else d["objective_at"]
+        return {"objective": math.nan if f is None else f,
+                "blocks_uploaded": d["blocks_up"], "upload_bytes": list(d["upload"])}
+
+    def progress_postfix(self):
+        return {"objective": f"{self.driver['objective']:.8g}"}
+
+    def converged(self):
+        return self.driver["converged"]
+
+    def driver_state(self):
+        d = self.driver
+        return {"x": d["x"], "point": d["point"], "memory": d["memory"], "k": d["k"],
+                "step": d["step"], "beta": d["beta"], "weights": d["weights"], "l": d["l"],
+                "L": d.get("L"), "L_w": d.get("L_w"), "A": d.get("A"),
+                "objective": d["objective"], "best": d["best"],
+                "no_improve": d["no_improve"], "stats": d["stats"]}
+
+    def load_driver_state(self, state):
+        d = self.driver
+        for name in ("x", "point", "memory"):
+            d[name] = np.asarray(state[name], dtype=np.float64).copy()
+        for name in ("k", "no_improve"):
+            d[name] = int(state[name])
+        for name in ("step", "beta", "weights", "l", "L", "L_w", "A", "objective", "best",
+                     "stats"):
+            d[name] = state[name]
+        d["upload"] = [0] * d["n_parts"]
+        d["objective_at"] = d["objective"]
+
+    def finish(self, partition_arrays):
+        pass
+
+
+def _upload_bytes(partial) -> int:
+    """Bytes of one worker's upload: block values, block ids and the loss scalar."""
+    n = partial["values"].nbytes
+    if partial["blocks"] is not None:
+        n += partial["blocks"].nbytes
+    return n + (8 if partial["loss"] is not None else 0)
