@@ -337,9 +337,9 @@ class SparsifiedSGDRegressor(RegressorMixin, _SparsifiedBase):
     max_iter : int, default=1000
         Iterations (rounds).
     tol : float or None, default=1e-10
-        Stop when the objective has not decreased by ``tol * max(1, |best|)`` for
-        ``n_iter_no_change`` evaluations (every iteration with exact gradients, every
-        epoch otherwise); None runs ``max_iter`` iterations.
+        Stop when the best objective has not decreased by ``tol * max(1, |best|)`` for
+        ``n_iter_no_change * ceil(m / tau)`` evaluations (every iteration with exact
+        gradients, every epoch otherwise); None runs ``max_iter`` iterations.
     n_iter_no_change : int, default=10
     backend : {"auto", "local", "dask"}, distributed.Client or backend, default="auto"
     n_workers : int, optional
@@ -457,16 +457,14 @@ class SparsifiedSGDClassifier(ClassifierMixin, _SparsifiedBase):
 
     def _check_labels(self, y, reset):
         y = np.asarray(y)
-        kind = type_of_target(y, input_name="y")
-        if kind not in ("binary", "multiclass"):
-            raise ValueError(f"Unknown label type: {kind!r}; {type(self).__name__} needs "
-                             f"two class labels")
+        kind = type_of_target(y, input_name="y", raise_unknown=True)
         classes = np.unique(y)
         if reset or not hasattr(self, "classes_"):
-            if len(classes) != 2:
-                raise ValueError(f"{type(self).__name__} is a binary classifier: y has "
-                                 f"{len(classes)} class(es) {classes.tolist()[:10]}, "
-                                 f"expected exactly 2")
+            if kind != "binary" or len(classes) != 2:
+                raise ValueError(f"Only binary classification is supported. The type of the "
+                                 f"target is {kind}: y has {len(classes)} class(es) "
+                                 f"{classes.tolist()[:10]}, {type(self).__name__} needs "
+                                 f"exactly 2")
             self.classes_ = classes
         else:
             unknown = np.setdiff1d(classes, self.classes_)
@@ -522,4 +520,5 @@ class SparsifiedSGDClassifier(ClassifierMixin, _SparsifiedBase):
 
     def predict(self, X):
         """Predicted class labels."""
+        check_is_fitted(self)
         return self.classes_[(self._decision(X) > 0).astype(int)]
