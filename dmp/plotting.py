@@ -52,3 +52,49 @@ def plot_convergence(histories: dict, *, path=None, ax=None, best=None):
         plt.close(fig)
         return path
     return fig
+
+
+def plot_suboptimality(histories: dict, *, reference: float, path=None, x_blocks=True):
+    """Relative suboptimality against iterations and against uploaded blocks.
+
+    Parameters
+    ----------
+    histories : dict
+        ``{label: history_}`` of fitted sparsified estimators (``objective`` and
+        ``blocks_uploaded`` per round; round 0 is the starting point).
+    reference : float
+        The optimal objective F* (e.g. from scipy L-BFGS).
+    path : str, optional
+        Save the figure there (PNG) instead of returning it open.
+    """
+    import matplotlib
+
+    if path is not None:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2 if x_blocks else 1, figsize=(11 if x_blocks else 6, 4))
+    axes = np.atleast_1d(axes)
+    scale = max(abs(reference), 1e-300)
+    for label, h in histories.items():
+        f = np.asarray(h["objective"], dtype=float)
+        ok = np.isfinite(f)
+        sub = np.maximum(f - reference, 1e-16) / scale
+        it = np.arange(len(f))
+        axes[0].semilogy(it[ok], sub[ok], label=label)
+        if x_blocks:
+            blocks = np.cumsum(np.asarray(h["blocks_uploaded"], dtype=float))
+            axes[1].semilogy(blocks[ok], sub[ok], label=label)
+    axes[0].set(xlabel="iteration", ylabel="(F - F*) / |F*|", title="vs iterations")
+    if x_blocks:
+        axes[1].set(xlabel="blocks uploaded (all workers)", ylabel="(F - F*) / |F*|",
+                    title="vs communication")
+        axes[1].set_xscale("log")
+    for a in axes:
+        a.legend(fontsize=8)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+    return fig
