@@ -30,18 +30,22 @@ def _cmd_data_convert(args) -> int:
     if args.format != "svmlight":
         raise ValueError(f"unknown format {args.format!r}; known: svmlight")
     ds = convert_svmlight(args.source, args.dest, n_shards=args.shards,
-                          n_features=args.n_features, overwrite=args.overwrite)
+                          n_features=args.n_features, overwrite=args.overwrite,
+                          layout=args.layout)
     print(ds)
     return 0
 
 
 def _cmd_data_info(args) -> int:
-    from .io import open_dataset
+    from .io import SparseRowDataset, open_dataset
 
     ds = open_dataset(args.path)
     if args.validate:
         ds.validate()
     print(ds)
+    if isinstance(ds, SparseRowDataset):
+        print(f"kind: {ds.KIND}")
+        print(f"row_bounds: {ds.row_bounds.tolist()}")
     return 0
 
 
@@ -72,6 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("source")
     c.add_argument("dest")
     c.add_argument("--shards", type=int, default=None)
+    c.add_argument("--layout", choices=["columns", "rows"], default="columns",
+                   help="shard by columns (model-parallel, default) or by rows "
+                        "(data-parallel)")
     c.add_argument("--n-features", type=int, default=None)
     c.add_argument("--overwrite", action="store_true")
     c.set_defaults(func=_cmd_data_convert)

@@ -1,13 +1,15 @@
-"""Data input/output: column-block sparse datasets (Zarr v3), svmlight, synthetic data,
-and dataset recipes."""
+"""Data input/output: column- and row-block sparse datasets (Zarr v3), svmlight, synthetic
+data, and dataset recipes."""
 
 from .recipes import build_dataset, default_cache_dir, load_recipe
+from .rows import InMemorySparseRowDataset, SparseRowDataset, write_sparse_rows
 from .sparse import DatasetError, SparseDataset, open_dataset, write_sparse
 from .svmlight import convert_svmlight, read_svmlight
 from .synthetic import lasso_alpha_max, make_correlated_lasso, make_sparse_lasso
 
 __all__ = [
-    "DatasetError", "SparseDataset", "write_sparse", "open_dataset", "read_svmlight",
+    "DatasetError", "SparseDataset", "write_sparse", "open_dataset", "SparseRowDataset",
+    "InMemorySparseRowDataset", "write_sparse_rows", "read_svmlight",
     "convert_svmlight", "make_sparse_lasso", "make_correlated_lasso", "lasso_alpha_max",
     "load_recipe", "build_dataset", "default_cache_dir",
 ]

@@ -14,6 +14,9 @@ Layout of a dataset at ``<path>``::
 
 Shard ``k`` holds the columns ``col_bounds[k]:col_bounds[k + 1]``.  Workers open the
 dataset by path (plus ``storage_options``) and read only the shards they own.
+
+Row-block datasets (``kind="sparse-rows"``, for data-parallel algorithms) live in
+`dmp.io.rows` and share this module's helpers; `open_dataset` opens both kinds.
 """
 
 from __future__ import annotations
@@ -146,58 +149,143 @@ def _is_dask(x) -> bool:
     return type(x).__module__.startswith("dask.") and hasattr(x, "compute")
 
 
-def _to_csc(block) -> sp.csc_matrix:
-    """Convert a 2-D numpy/scipy block to a canonical float64 CSC matrix (zeros dropped)."""
+def _canonical(block, fmt: str = "csc", *, copy: bool = True):
+    """Convert a 2-D numpy/scipy block to a canonical float64 CSC or CSR matrix.
+
+    Canonical: sorted indices, no duplicates, no stored zeros.  With ``copy=False`` a sparse
+    input that is already canonical float64 in ``fmt`` is returned without copying its
+    arrays; anything else is converted into a new matrix (the input is never modified).
+    """
+    cls = sp.csc_matrix if fmt == "csc" else sp.csr_matrix
     if sp.issparse(block):
-        M = sp.csc_matrix(block, dtype=np.float64, copy=True)
+        if np.iscomplexobj(block):
+            raise DatasetError(f"X must be real, got dtype {block.dtype}")
+        try:
+            M = cls(block, dtype=np.float64, copy=copy)
+        except (TypeError, ValueError) as e:
+            raise DatasetError(f"X must be numeric, got dtype {block.dtype} ({e})") from None
+        if (not copy and _shares_arrays(M, block)
+                and (not M.has_canonical_format or (M.nnz and not np.all(M.data)))):
+            M = M.copy()  # about to be changed in place: never touch the caller's arrays
     else:
         arr = np.asarray(block)
         if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number)
                                        or arr.dtype == bool):
             raise DatasetError(f"X must be numeric, got dtype {arr.dtype}")
-        M = sp.csc_matrix(arr.astype(np.float64, copy=False))
+        if np.iscomplexobj(arr):
+            raise DatasetError(f"X must be real, got dtype {arr.dtype}")
+        M = cls(arr.astype(np.float64, copy=False))
     M.sum_duplicates()
     M.eliminate_zeros()
     M.sort_indices()
     return M
 
 
-class _InMemorySource:
-    def __init__(self, X):
-        self.M = _to_csc(X)
-        self.shape = self.M.shape
-        if not np.all(np.isfinite(self.M.data)):
-            raise DatasetError("X contains NaN or infinite values")
+def _shares_arrays(M, block) -> bool:
+    """Whether sparse ``M`` shares any of its arrays with sparse ``block``."""
+    for a in ("data", "indices", "indptr"):
+        u, v = getattr(M, a, None), getattr(block, a, None)
+        if isinstance(u, np.ndarray) and isinstance(v, np.ndarray) and np.shares_memory(u, v):
+            return True
+    return False
 
-    def col_nnz(self) -> np.ndarray:
+
+def _check_finite_X(M, where: str = "") -> None:
+    if not np.all(np.isfinite(M.data)):
+        raise DatasetError(f"X contains NaN or infinite values{where}")
+
+
+class _InMemorySource:
+    """A numpy/scipy ``X`` as one canonical CSC (``fmt="csc"``) or CSR matrix.
+
+    ``slice_nnz()`` counts the nonzeros of each column (CSC) or row (CSR); ``block(a, b)``
+    returns columns (CSC) or rows (CSR) ``a:b``.
+    """
+
+    def __init__(self, X, fmt: str = "csc", *, copy: bool = True):
+        self.fmt = fmt
+        self.M = _canonical(X, fmt, copy=copy)
+        self.shape = self.M.shape
+        _check_finite_X(self.M)
+
+    def slice_nnz(self) -> np.ndarray:
         return np.diff(self.M.indptr).astype(np.int64)
 
-    def block(self, c0: int, c1: int) -> sp.csc_matrix:
-        return self.M[:, c0:c1]
+    def block(self, a: int, b: int):
+        return self.M[:, a:b] if self.fmt == "csc" else self.M[a:b]
 
 
 class _DaskSource:
-    def __init__(self, X):
-        self.X = X
-        self.shape = tuple(int(s) for s in X.shape)
-        self._width = max(1, _DENSE_BLOCK_ELEMS // max(1, self.shape[0]))
+    """A dask ``X``, computed a dense block at a time (columns for CSC, rows for CSR)."""
 
-    def col_nnz(self) -> np.ndarray:
+    def __init__(self, X, fmt: str = "csc"):
+        self.X = X
+        self.fmt = fmt
+        self.shape = tuple(int(s) for s in X.shape)
+        other = self.shape[0] if fmt == "csc" else self.shape[1]
+        self._width = max(1, _DENSE_BLOCK_ELEMS // max(1, other))
+
+    def slice_nnz(self) -> np.ndarray:
         import dask.array as da
 
-        return np.asarray(da.count_nonzero(self.X, axis=0).compute(), dtype=np.int64)
+        axis = 0 if self.fmt == "csc" else 1
+        return np.asarray(da.count_nonzero(self.X, axis=axis).compute(), dtype=np.int64)
 
-    def block(self, c0: int, c1: int) -> sp.csc_matrix:
+    def block(self, a0: int, a1: int):
         parts = []
-        for a in range(c0, c1, self._width):
-            b = min(c1, a + self._width)
-            M = _to_csc(self.X[:, a:b].compute())
-            if not np.all(np.isfinite(M.data)):
-                raise DatasetError(f"X contains NaN or infinite values (columns {a}:{b})")
+        for a in range(a0, a1, self._width):
+            b = min(a1, a + self._width)
+            if self.fmt == "csc":
+                M = _canonical(self.X[:, a:b].compute(), "csc")
+                _check_finite_X(M, f" (columns {a}:{b})")
+            else:
+                M = _canonical(self.X[a:b].compute(), "csr")
+                _check_finite_X(M, f" (rows {a}:{b})")
             parts.append(M)
         if len(parts) == 1:
             return parts[0]
-        return sp.hstack(parts, format="csc")
+        if self.fmt == "csc":
+            return sp.hstack(parts, format="csc")
+        return sp.vstack(parts, format="csr")
+
+
+def _prepare_input(X, y, fmt: str = "csc", *, copy: bool = True):
+    """Validate ``X`` and ``y`` for a writer; return ``(source, y)``.
+
+    ``source`` is an `_InMemorySource` or `_DaskSource` holding ``X`` as ``fmt``
+    ("csc": sharded by columns, "csr": by rows); ``y`` is float64, finite, of length n.
+    """
+    if _is_dask(X):
+        if X.ndim != 2:
+            raise DatasetError(f"X must be 2-D, got {X.ndim}-D with shape {X.shape}")
+    elif not sp.issparse(X):
+        X = np.asarray(X)
+        if X.ndim != 2:
+            raise DatasetError(f"X must be 2-D, got {X.ndim}-D with shape {X.shape}")
+    elif len(X.shape) != 2:
+        raise DatasetError(f"X must be 2-D, got shape {X.shape}")
+    n, p = (int(s) for s in X.shape)
+    if n < 1 or p < 1:
+        raise DatasetError(f"X must be non-empty, got shape {(n, p)}")
+    imax = int(np.iinfo(np.int32).max)
+    if fmt == "csc" and n > imax:
+        raise DatasetError(f"X has {n} rows; row indices are stored as int32 "
+                           f"(at most {imax} rows)")
+    if fmt == "csr" and p > imax:
+        raise DatasetError(f"X has {p} columns; column indices are stored as int32 "
+                           f"(at most {imax} columns)")
+    try:
+        y = np.asarray(y, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise DatasetError(f"y must be numeric: {e}") from None
+    if y.ndim != 1:
+        raise DatasetError(f"y must be 1-D, got shape {y.shape}")
+    if len(y) != n:
+        raise DatasetError(f"len(y) = {len(y)} does not match X.shape[0] = {n}")
+    if not np.all(np.isfinite(y)):
+        raise DatasetError("y contains NaN or infinite values")
+    src = _DaskSource(X, fmt) if _is_dask(X) else _InMemorySource(X, fmt, copy=copy)
+    return src, y
 
 
 # --------------------------------------------------------------------------- writing
@@ -217,14 +305,43 @@ def _write_array(group, name: str, values: np.ndarray, dtype: str) -> None:
         z[:] = values
 
 
-def _check_n_shards(n_shards, p: int) -> int:
+def _check_n_shards(n_shards, m: int, what: str = "columns") -> int:
     if isinstance(n_shards, bool) or not isinstance(n_shards, (int, np.integer)):
         raise DatasetError(f"n_shards must be an integer, got {n_shards!r}")
     n_shards = int(n_shards)
-    if not 1 <= n_shards <= p:
-        raise DatasetError(f"n_shards must be in [1, {p}] (the number of columns), "
+    if not 1 <= n_shards <= m:
+        raise DatasetError(f"n_shards must be in [1, {m}] (the number of {what}), "
                            f"got {n_shards}")
     return n_shards
+
+
+def _default_n_shards(total_nnz: int, m: int) -> int:
+    """About `TARGET_SHARD_NNZ` stored values per shard, at most ``m`` shards."""
+    return min(m, max(1, -(-int(total_nnz) // TARGET_SHARD_NNZ)))
+
+
+def _check_dest(path: str, storage_options, overwrite: bool) -> None:
+    if _exists(path, storage_options) and not overwrite:
+        raise FileExistsError(f"{path!r} already exists; pass overwrite=True to replace it")
+
+
+def _atomic_write(path: str, storage_options, overwrite: bool, fill) -> None:
+    """Create a zarr group, let ``fill(group)`` write it, and move it onto ``path``.
+
+    Local paths are written to ``<path>.tmp-<uuid>`` and renamed when ``fill`` returns, so
+    ``path`` never holds a partial dataset (an existing one is replaced only then).  Remote
+    URLs are written in place.  On any error the partial output is removed.
+    """
+    remote = _is_remote(path)
+    target = path if remote else f"{path}.tmp-{uuid.uuid4().hex}"
+    try:
+        g = _open_group(target, storage_options, mode="w")
+        fill(g)
+        if not remote:
+            _replace_dir(target, path, overwrite)
+    except BaseException:
+        _cleanup(target, storage_options)
+        raise
 
 
 def write_sparse(path, X, y, *, n_shards=None, overwrite=False,
@@ -260,45 +377,14 @@ def write_sparse(path, X, y, *, n_shards=None, overwrite=False,
         ``path`` exists and ``overwrite`` is False.
     """
     path = _normalize_path(path)
-    if _exists(path, storage_options) and not overwrite:
-        raise FileExistsError(f"{path!r} already exists; pass overwrite=True to replace it")
-
-    if _is_dask(X):
-        if X.ndim != 2:
-            raise DatasetError(f"X must be 2-D, got {X.ndim}-D with shape {X.shape}")
-        src = _DaskSource(X)
-    else:
-        if not sp.issparse(X):
-            X = np.asarray(X)
-            if X.ndim != 2:
-                raise DatasetError(f"X must be 2-D, got {X.ndim}-D with shape {X.shape}")
-        elif len(X.shape) != 2:
-            raise DatasetError(f"X must be 2-D, got shape {X.shape}")
-        if X.shape[0] < 1 or X.shape[1] < 1:
-            raise DatasetError(f"X must be non-empty, got shape {tuple(X.shape)}")
-        src = _InMemorySource(X)
+    _check_dest(path, storage_options, overwrite)
+    src, y = _prepare_input(X, y, "csc", copy=False)
     n, p = src.shape
-    if n < 1 or p < 1:
-        raise DatasetError(f"X must be non-empty, got shape {(n, p)}")
-    if n > np.iinfo(np.int32).max:
-        raise DatasetError(f"X has {n} rows; row indices are stored as int32 "
-                           f"(at most {np.iinfo(np.int32).max} rows)")
 
-    try:
-        y = np.asarray(y, dtype=np.float64)
-    except (TypeError, ValueError) as e:
-        raise DatasetError(f"y must be numeric: {e}") from None
-    if y.ndim != 1:
-        raise DatasetError(f"y must be 1-D, got shape {y.shape}")
-    if len(y) != n:
-        raise DatasetError(f"len(y) = {len(y)} does not match X.shape[0] = {n}")
-    if not np.all(np.isfinite(y)):
-        raise DatasetError("y contains NaN or infinite values")
-
-    col_nnz = src.col_nnz()
+    col_nnz = src.slice_nnz()
     total = int(col_nnz.sum())
     if n_shards is None:
-        n_shards = min(p, max(1, -(-total // TARGET_SHARD_NNZ)))
+        n_shards = _default_n_shards(total, p)
     n_shards = _check_n_shards(n_shards, p)
     col_bounds = _balanced_bounds(col_nnz, n_shards)
 
@@ -308,10 +394,7 @@ def write_sparse(path, X, y, *, n_shards=None, overwrite=False,
         "dtype": "float64", "complete": False, "created_by": "dmp",
     }
 
-    remote = _is_remote(path)
-    target = path if remote else f"{path}.tmp-{uuid.uuid4().hex}"
-    try:
-        g = _open_group(target, storage_options, mode="w")
+    def fill(g):
         g.attrs.update(attrs)
         _write_array(g, "y", y, "float64")
         col_sums = np.zeros(p)
@@ -333,11 +416,8 @@ def write_sparse(path, X, y, *, n_shards=None, overwrite=False,
         _write_array(g, "col_sq_norms", col_sq, "float64")
         g.attrs.update({"shard_nnz": shard_nnz})
         g.attrs.update({"complete": True})  # last
-        if not remote:
-            _replace_dir(target, path, overwrite)
-    except BaseException:
-        _cleanup(target, storage_options)
-        raise
+
+    _atomic_write(path, storage_options, overwrite, fill)
     return open_dataset(path, storage_options=storage_options)
 
 
@@ -376,8 +456,9 @@ def _cleanup(target: str, storage_options) -> None:
 # --------------------------------------------------------------------------- reading
 
 
-def open_dataset(path, *, storage_options=None) -> "SparseDataset":
-    """Open a dataset written by `write_sparse`, reading metadata only.
+def open_dataset(path, *, storage_options=None):
+    """Open a dataset written by `write_sparse` or `dmp.io.write_sparse_rows`, reading
+    metadata only.
 
     Parameters
     ----------
@@ -388,15 +469,18 @@ def open_dataset(path, *, storage_options=None) -> "SparseDataset":
 
     Returns
     -------
-    SparseDataset
+    SparseDataset or dmp.io.SparseRowDataset
+        According to the dataset's ``kind`` attribute ("sparse-columns" or "sparse-rows").
 
     Raises
     ------
     FileNotFoundError
         Nothing exists at ``path``.
     DatasetError
-        ``path`` is not a complete dmp sparse dataset.
+        ``path`` is not a complete dmp sparse dataset, or has an unknown ``kind``.
     """
+    from .rows import SparseRowDataset
+
     path = _normalize_path(path)
     if not _exists(path, storage_options):
         raise FileNotFoundError(f"no dmp dataset at {path!r}: path does not exist")
@@ -412,18 +496,164 @@ def open_dataset(path, *, storage_options=None) -> "SparseDataset":
     if fmt != FORMAT_VERSION:
         raise DatasetError(f"{path!r}: unsupported dmp_format {fmt!r} "
                            f"(this version reads {FORMAT_VERSION})")
-    if attrs.get("kind") != KIND:
-        raise DatasetError(f"{path!r}: kind is {attrs.get('kind')!r}, expected {KIND!r}")
-    missing = [a for a in _REQUIRED_ATTRS if a not in attrs]
+    classes = {cls.KIND: cls for cls in (SparseDataset, SparseRowDataset)}
+    kind = attrs.get("kind")
+    if not isinstance(kind, str) or kind not in classes:
+        raise DatasetError(f"{path!r}: unknown dataset kind {kind!r}; this version reads "
+                           f"{', '.join(repr(k) for k in classes)}")
+    cls = classes[kind]
+    missing = [a for a in cls.REQUIRED_ATTRS if a not in attrs]
     if missing:
         raise DatasetError(f"{path!r}: attributes missing: {', '.join(missing)}")
     if attrs["complete"] is not True:
         raise DatasetError(f"{path!r}: dataset is incomplete (an interrupted write?); "
                            "rewrite it")
-    return SparseDataset(path, attrs, storage_options=storage_options)
+    return cls(path, attrs, storage_options=storage_options)
 
 
-class SparseDataset:
+class _StoredDataset:
+    """What column- and row-sharded stored datasets share: attributes, ``y``, reading and
+    checking one shard's compressed arrays.
+
+    Subclasses set `KIND`, `BOUNDS` (the attribute naming the shard boundaries, which also
+    becomes an instance attribute), `AXIS` (the sharded axis of X: 0 rows, 1 columns).
+    """
+
+    KIND = ""
+    BOUNDS = ""
+    AXIS = 1
+    REQUIRED_ATTRS: tuple = ()
+
+    def __init__(self, path: str, attrs: dict, *, storage_options=None):
+        self.path = path
+        self.storage_options = storage_options
+        try:
+            n, p = (int(s) for s in attrs["shape"])
+            self.shape = (n, p)
+            self.n_samples, self.n_features = n, p
+            self.nnz = int(attrs["nnz"])
+            self.n_shards = int(attrs["n_shards"])
+            bounds = np.asarray(attrs[self.BOUNDS], dtype=np.int64)
+            self.dtype = np.dtype(attrs["dtype"])
+            sn = attrs.get("shard_nnz")
+            self._shard_nnz = None if sn is None else np.asarray(sn, dtype=np.int64)
+        except (KeyError, TypeError, ValueError) as e:
+            raise DatasetError(f"{path!r}: malformed attributes ({e})") from None
+        extent = self.shape[self.AXIS]
+        if (n < 1 or p < 1 or self.n_shards < 1 or bounds.shape != (self.n_shards + 1,)
+                or bounds[0] != 0 or bounds[-1] != extent or np.any(np.diff(bounds) < 1)):
+            raise DatasetError(f"{path!r}: inconsistent attributes: shape={self.shape}, "
+                               f"n_shards={self.n_shards}, {self.BOUNDS}={bounds.tolist()}")
+        if self._shard_nnz is not None and (self._shard_nnz.shape != (self.n_shards,)
+                                            or int(self._shard_nnz.sum()) != self.nnz):
+            raise DatasetError(f"{path!r}: attribute 'shard_nnz' does not match "
+                               f"n_shards={self.n_shards} and nnz={self.nnz}")
+        setattr(self, self.BOUNDS, bounds)
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.path!r}, shape={self.shape}, nnz={self.nnz}, "
+                f"n_shards={self.n_shards})")
+
+    @property
+    def _bounds(self) -> np.ndarray:
+        return getattr(self, self.BOUNDS)
+
+    # -- helpers
+    def _group(self):
+        try:
+            return _open_group(self.path, self.storage_options)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no dmp dataset at {self.path!r} "
+                                    "(it was removed after opening)") from None
+
+    def _read(self, g, name: str, what: str, dtype: str, length: int | None = None,
+              sel: slice = slice(None)):
+        """Read ``g[name][sel]`` after checking that the array exists and has the expected
+        dtype, 1-D shape and (when given) length; every failure is a `DatasetError`."""
+        try:
+            z = g[name]
+        except KeyError:
+            raise DatasetError(f"{what}: array {name.rsplit('/', 1)[-1]!r} is missing "
+                               f"({self.path}/{name})") from None
+        short = name.rsplit("/", 1)[-1]
+        if z.ndim != 1:
+            raise DatasetError(f"{what}: {short!r} must be 1-D, has shape {z.shape}")
+        if z.dtype != np.dtype(dtype):
+            raise DatasetError(f"{what}: {short!r} has dtype {z.dtype}, expected {dtype}")
+        if length is not None and z.shape[0] != length:
+            raise DatasetError(f"{what}: {short!r} has length {z.shape[0]}, expected {length}")
+        try:
+            return np.asarray(z[sel]) if z.shape[0] else np.zeros(0, dtype=dtype)
+        except Exception as e:
+            raise DatasetError(f"{what}: cannot read {short!r} ({type(e).__name__}: {e})") \
+                from None
+
+    def _read_y(self, g, sel: slice = slice(None)) -> np.ndarray:
+        y = self._read(g, "y", "dataset", "float64", self.n_samples, sel)
+        if not np.all(np.isfinite(y)):
+            raise DatasetError("dataset: 'y' contains NaN or infinite values")
+        return y
+
+    def _check_k(self, k) -> int:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise TypeError(f"shard index must be an integer, got {k!r}")
+        if not 0 <= k < self.n_shards:
+            raise _ShardIndexError(f"shard {k} out of range: dataset has {self.n_shards} shards")
+        return int(k)
+
+    def _load_arrays(self, g, k: int):
+        """Read and check shard ``k``'s compressed arrays (CSC of its columns, or CSR of its
+        rows); return ``(indptr, indices, data, width)``, width = the shard's columns/rows."""
+        k = self._check_k(k)
+        b0, b1 = int(self._bounds[k]), int(self._bounds[k + 1])
+        major, minor = ("column", "row") if self.AXIS == 1 else ("row", "column")
+        what = f"shard {k}"
+        base = f"shards/s{k:04d}"
+        m = self.shape[1 - self.AXIS]  # range of the stored indices
+        indptr = self._read(g, f"{base}/indptr", what, "int64", b1 - b0 + 1)
+        if indptr[0] != 0:
+            raise DatasetError(f"{what}: 'indptr' starts at {indptr[0]}, expected 0")
+        nnz = int(indptr[-1])
+        indices = self._read(g, f"{base}/indices", what, "int32")
+        if len(indices) != nnz:
+            raise DatasetError(f"{what}: 'indices' has length {len(indices)} but "
+                               f"indptr[-1] = {nnz}")
+        data = self._read(g, f"{base}/data", what, "float64")
+        if len(data) != nnz:
+            raise DatasetError(f"{what}: 'data' has length {len(data)} but indptr[-1] = {nnz}")
+        from ..kernels.sparse import csc_check
+
+        code = csc_check(indptr, indices, data, m)  # one pass, no temporaries (CSR alike)
+        if code == 1:
+            raise DatasetError(f"{what}: 'indptr' is not non-decreasing")
+        if code == 2:
+            raise DatasetError(f"{what}: 'indices' has values outside [0, {m})")
+        if code == 3:
+            raise DatasetError(f"{what}: 'indices' are not strictly increasing within a "
+                               f"{major} (unsorted or duplicate {minor} indices)")
+        if code == 4:
+            raise DatasetError(f"{what}: 'data' contains NaN or infinite values")
+        if self._shard_nnz is not None and nnz != self._shard_nnz[k]:
+            raise DatasetError(f"{what}: 'indptr' gives {nnz} nonzeros, attribute "
+                               f"'shard_nnz' says {int(self._shard_nnz[k])}")
+        return indptr, indices, data, b1 - b0
+
+    # -- public
+    def load_y(self) -> np.ndarray:
+        """Return the targets, float64 of shape (n_samples,)."""
+        return self._read_y(self._group())
+
+    def shard_nnz(self) -> np.ndarray:
+        """Return the number of stored values per shard (int64, from metadata)."""
+        if self._shard_nnz is None:  # fallback for datasets without the attribute
+            g = self._group()
+            self._shard_nnz = np.array(
+                [int(g[f"shards/s{k:04d}/indptr"][-1]) for k in range(self.n_shards)],
+                dtype=np.int64)
+        return self._shard_nnz.copy()
+
+
+class SparseDataset(_StoredDataset):
     """Handle on a column-block sparse dataset (metadata only; picklable).
 
     Arrays are read on demand by the ``load_*`` methods, each of which opens the Zarr
@@ -443,69 +673,10 @@ class SparseDataset:
     path, storage_options, shape, n_samples, n_features, nnz, n_shards, col_bounds, dtype
     """
 
-    def __init__(self, path: str, attrs: dict, *, storage_options=None):
-        self.path = path
-        self.storage_options = storage_options
-        try:
-            n, p = (int(s) for s in attrs["shape"])
-            self.shape = (n, p)
-            self.n_samples, self.n_features = n, p
-            self.nnz = int(attrs["nnz"])
-            self.n_shards = int(attrs["n_shards"])
-            self.col_bounds = np.asarray(attrs["col_bounds"], dtype=np.int64)
-            self.dtype = np.dtype(attrs["dtype"])
-            sn = attrs.get("shard_nnz")
-            self._shard_nnz = None if sn is None else np.asarray(sn, dtype=np.int64)
-        except (KeyError, TypeError, ValueError) as e:
-            raise DatasetError(f"{path!r}: malformed attributes ({e})") from None
-        cb = self.col_bounds
-        if (n < 1 or p < 1 or self.n_shards < 1 or cb.shape != (self.n_shards + 1,)
-                or cb[0] != 0 or cb[-1] != p or np.any(np.diff(cb) < 1)):
-            raise DatasetError(f"{path!r}: inconsistent attributes: shape={self.shape}, "
-                               f"n_shards={self.n_shards}, col_bounds={cb.tolist()}")
-        if self._shard_nnz is not None and (self._shard_nnz.shape != (self.n_shards,)
-                                            or int(self._shard_nnz.sum()) != self.nnz):
-            raise DatasetError(f"{path!r}: attribute 'shard_nnz' does not match "
-                               f"n_shards={self.n_shards} and nnz={self.nnz}")
-
-    def __repr__(self) -> str:
-        return (f"SparseDataset({self.path!r}, shape={self.shape}, nnz={self.nnz}, "
-                f"n_shards={self.n_shards})")
-
-    # -- helpers
-    def _group(self):
-        try:
-            return _open_group(self.path, self.storage_options)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"no dmp dataset at {self.path!r} "
-                                    "(it was removed after opening)") from None
-
-    def _read(self, g, name: str, what: str, dtype: str, length: int | None = None):
-        try:
-            z = g[name]
-        except KeyError:
-            raise DatasetError(f"{what}: array {name.rsplit('/', 1)[-1]!r} is missing "
-                               f"({self.path}/{name})") from None
-        short = name.rsplit("/", 1)[-1]
-        if z.ndim != 1:
-            raise DatasetError(f"{what}: {short!r} must be 1-D, has shape {z.shape}")
-        if z.dtype != np.dtype(dtype):
-            raise DatasetError(f"{what}: {short!r} has dtype {z.dtype}, expected {dtype}")
-        if length is not None and z.shape[0] != length:
-            raise DatasetError(f"{what}: {short!r} has length {z.shape[0]}, expected {length}")
-        try:
-            return np.asarray(z[:]) if z.shape[0] else np.zeros(0, dtype=dtype)
-        except Exception as e:
-            raise DatasetError(f"{what}: cannot read {short!r} ({type(e).__name__}: {e})") \
-                from None
-
-    # -- public
-    def load_y(self) -> np.ndarray:
-        """Return the targets, float64 of shape (n_samples,)."""
-        y = self._read(self._group(), "y", "dataset", "float64", self.n_samples)
-        if not np.all(np.isfinite(y)):
-            raise DatasetError("dataset: 'y' contains NaN or infinite values")
-        return y
+    KIND = KIND
+    BOUNDS = "col_bounds"
+    AXIS = 1
+    REQUIRED_ATTRS = _REQUIRED_ATTRS
 
     def load_col_stats(self) -> tuple[np.ndarray, np.ndarray]:
         """Return ``(col_sums, col_sq_norms)``, float64 of shape (n_features,) each."""
@@ -519,47 +690,6 @@ class SparseDataset:
         if np.any(out[1] < 0):
             raise DatasetError("dataset: 'col_sq_norms' has negative values")
         return out[0], out[1]
-
-    def _check_k(self, k) -> int:
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-            raise TypeError(f"shard index must be an integer, got {k!r}")
-        if not 0 <= k < self.n_shards:
-            raise _ShardIndexError(f"shard {k} out of range: dataset has {self.n_shards} shards")
-        return int(k)
-
-    def _load_arrays(self, g, k: int):
-        k = self._check_k(k)
-        c0, c1 = int(self.col_bounds[k]), int(self.col_bounds[k + 1])
-        what = f"shard {k}"
-        base = f"shards/s{k:04d}"
-        n = self.n_samples
-        indptr = self._read(g, f"{base}/indptr", what, "int64", c1 - c0 + 1)
-        if indptr[0] != 0:
-            raise DatasetError(f"{what}: 'indptr' starts at {indptr[0]}, expected 0")
-        nnz = int(indptr[-1])
-        indices = self._read(g, f"{base}/indices", what, "int32")
-        if len(indices) != nnz:
-            raise DatasetError(f"{what}: 'indices' has length {len(indices)} but "
-                               f"indptr[-1] = {nnz}")
-        data = self._read(g, f"{base}/data", what, "float64")
-        if len(data) != nnz:
-            raise DatasetError(f"{what}: 'data' has length {len(data)} but indptr[-1] = {nnz}")
-        from ..kernels.sparse import csc_check
-
-        code = csc_check(indptr, indices, data, n)  # one pass, no temporaries
-        if code == 1:
-            raise DatasetError(f"{what}: 'indptr' is not non-decreasing")
-        if code == 2:
-            raise DatasetError(f"{what}: 'indices' has values outside [0, {n})")
-        if code == 3:
-            raise DatasetError(f"{what}: 'indices' are not strictly increasing within a "
-                               "column (unsorted or duplicate row indices)")
-        if code == 4:
-            raise DatasetError(f"{what}: 'data' contains NaN or infinite values")
-        if self._shard_nnz is not None and nnz != self._shard_nnz[k]:
-            raise DatasetError(f"{what}: 'indptr' gives {nnz} nonzeros, attribute "
-                               f"'shard_nnz' says {int(self._shard_nnz[k])}")
-        return indptr, indices, data, c1 - c0
 
     @staticmethod
     def _csc(data, indices, indptr, shape) -> sp.csc_matrix:
@@ -615,15 +745,6 @@ class SparseDataset:
             width += w
         return self._csc(np.concatenate(datas), np.concatenate(inds),
                          np.concatenate(ptrs), (self.n_samples, width))
-
-    def shard_nnz(self) -> np.ndarray:
-        """Return the number of stored values per shard (int64, from metadata)."""
-        if self._shard_nnz is None:  # fallback for datasets without the attribute
-            g = self._group()
-            self._shard_nnz = np.array(
-                [int(g[f"shards/s{k:04d}/indptr"][-1]) for k in range(self.n_shards)],
-                dtype=np.int64)
-        return self._shard_nnz.copy()
 
     def validate(self) -> "SparseDataset":
         """Read every array, shard by shard; raise `DatasetError` on the first problem."""

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import scipy.sparse as sp
 
+from .rows import SparseRowDataset, write_sparse_rows
 from .sparse import DatasetError, SparseDataset, write_sparse
 
 __all__ = ["read_svmlight", "convert_svmlight"]
@@ -57,9 +58,12 @@ def read_svmlight(path, *, n_features=None, zero_based="auto"):
     return X, y
 
 
-def convert_svmlight(src, dest, *, n_shards=None, n_features=None,
-                     overwrite=False) -> SparseDataset:
-    """Convert an svmlight file to a column-block sparse dataset.
+LAYOUTS = ("columns", "rows")
+
+
+def convert_svmlight(src, dest, *, n_shards=None, n_features=None, overwrite=False,
+                     layout="columns") -> SparseDataset | SparseRowDataset:
+    """Convert an svmlight file to a column-block (default) or row-block sparse dataset.
 
     Parameters
     ----------
@@ -68,15 +72,22 @@ def convert_svmlight(src, dest, *, n_shards=None, n_features=None,
     dest : str or os.PathLike
         Dataset path or URL (see `write_sparse`).
     n_shards : int, optional
-        Number of column shards (default: see `write_sparse`).
+        Number of column (or row) shards (default: see `write_sparse`).
     n_features : int, optional
         Number of columns (default: inferred).
     overwrite : bool, default False
         Replace an existing dataset at ``dest``.
+    layout : {"columns", "rows"}, default "columns"
+        "columns": shards of columns (`write_sparse`, for model-parallel algorithms);
+        "rows": shards of samples (`dmp.io.write_sparse_rows`, for data-parallel ones).
 
     Returns
     -------
-    SparseDataset
+    SparseDataset or SparseRowDataset
     """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(map(repr, LAYOUTS))}, "
+                         f"got {layout!r}")
     X, y = read_svmlight(src, n_features=n_features)
-    return write_sparse(dest, X, y, n_shards=n_shards, overwrite=overwrite)
+    write = write_sparse if layout == "columns" else write_sparse_rows
+    return write(dest, X, y, n_shards=n_shards, overwrite=overwrite)
