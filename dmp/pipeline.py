@@ -32,8 +32,11 @@ import yaml
 from .engine.backends.dask import cluster_workers
 
 _KEYS = {"name", "description", "dataset", "estimator", "compare", "cluster",
-         "checkpoint_every", "output"}
-_ESTIMATORS = {"Lasso": "dmp.linear_model:Lasso"}
+         "checkpoint_every", "output", "reference"}
+_ESTIMATORS = {"Lasso": "dmp.linear_model:Lasso",
+               "SparsifiedSGDClassifier": "dmp.linear_model:SparsifiedSGDClassifier",
+               "SparsifiedSGDRegressor": "dmp.linear_model:SparsifiedSGDRegressor"}
+_SPARSIFIED = ("SparsifiedSGDClassifier", "SparsifiedSGDRegressor")
 _CLUSTER_KEYS = {"n_workers", "threads_per_worker", "memory_limit"}
 
 
@@ -75,6 +78,13 @@ def load_pipeline(path) -> dict:
     compare = spec.get("compare") or {}
     if not isinstance(compare, dict) or len(compare) > 1:
         raise PipelineError(f"{path}: 'compare' must map one parameter to a list of values")
+    params = est.get("params") or {}
+    if "alpha_ratio" in params and est["class"] != "Lasso":
+        raise PipelineError(f"{path}: 'alpha_ratio' is only defined for Lasso")
+    ref = spec.get("reference")
+    if ref is not None and (ref != "lbfgs" or est["class"] not in _SPARSIFIED):
+        raise PipelineError(f"{path}: 'reference' may only be 'lbfgs', for "
+                            f"{' / '.join(_SPARSIFIED)}; got {ref!r}")
     spec["_path"] = str(path.resolve())
     spec.setdefault("output", f"runs/{spec['name']}")
     return spec
@@ -121,19 +131,52 @@ def _start_cluster(spec, scheduler, workers):
     return Client(cluster), cluster
 
 
-def _summary(est, wall_s):
+def _summary(est, wall_s, reference=None):
     h = est.history_
     push = np.asarray(h["push_s"], dtype=float)
-    return {
-        "objective": est.objective_, "dual_gap": est.dual_gap_, "rounds": int(est.n_iter_),
-        "coordinate_updates": int(est.n_updates_), "wall_time_s": wall_s,
-        "nnz_coef": int(np.count_nonzero(est.coef_)), "intercept": float(est.intercept_),
+    kernel_s = float(push.mean(axis=1).sum())
+    out = {
+        "objective": est.objective_, "rounds": int(est.n_iter_), "wall_time_s": wall_s,
+        "nnz_coef": int(np.count_nonzero(est.coef_)),
+        "intercept": float(np.ravel(est.intercept_)[0]),
         "bytes": {"schedule": int(np.sum(h["bytes_schedule"])),
                   "push": int(np.sum(h["bytes_push"])), "pull": int(np.sum(h["bytes_pull"]))},
-        "kernel_time_s": float(push.mean(axis=1).sum()),
-        "kernel_fraction": float(push.mean(axis=1).sum() / max(wall_s, 1e-12)),
+        "kernel_time_s": kernel_s, "kernel_fraction": kernel_s / max(wall_s, 1e-12),
         "recoveries": est.recoveries_,
     }
+    if hasattr(est, "dual_gap_"):
+        out.update(dual_gap=est.dual_gap_, coordinate_updates=int(est.n_updates_))
+    if hasattr(est, "blocks_per_worker_"):
+        f = np.asarray(h["objective"], dtype=float)
+        out.update(n_blocks=est.n_blocks_, blocks_per_worker=est.blocks_per_worker_,
+                   step_size=est.step_size_, blocks_uploaded=int(np.sum(h["blocks_uploaded"])),
+                   upload_bytes=int(np.sum(h["upload_bytes"])))
+        if reference is not None:
+            sub = (f - reference) / max(abs(reference), 1e-300)
+            out["reference_objective"] = reference
+            out["final_suboptimality"] = float(sub[np.isfinite(sub)][-1])
+            for target in (1e-4, 1e-6, 1e-8):
+                hit = np.flatnonzero(sub <= target)
+                # round t evaluates the iterate x^(t-1)
+                out[f"iterations_to_{target:g}"] = int(max(hit[0] - 1, 0)) if len(hit) else None
+                out[f"blocks_to_{target:g}"] = (int(np.sum(h["blocks_uploaded"][:hit[0] + 1]))
+                                                if len(hit) else None)
+    return out
+
+
+def _reference(spec, ds, params, cls_name):
+    """F* by scipy L-BFGS on the driver (the data is loaded here: small data only)."""
+    from .linear_model._reference import lbfgs_optimum
+
+    penalty = params.get("penalty", "l2")
+    if penalty not in ("l2", None):
+        raise PipelineError(f"{spec['_path']}: reference 'lbfgs' needs penalty l2 or None")
+    X, y = ds.load_row_shards(list(range(ds.n_shards)))
+    loss = "log_loss" if cls_name == "SparsifiedSGDClassifier" else "squared_error"
+    alpha = float(params.get("alpha", 1e-4)) if penalty == "l2" else 0.0
+    fun, _, _ = lbfgs_optimum(X, y, loss=loss, alpha=alpha,
+                              fit_intercept=bool(params.get("fit_intercept", True)))
+    return fun
 
 
 def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=None,
@@ -161,6 +204,10 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
             params["alpha"] = float(ratio) * _alpha_max(client, ds, fit_intercept)
             log(f"alpha = {ratio} x alpha_max = {params['alpha']:.6g}")
         n_workers = len(cluster_workers(client))
+        reference = None
+        if spec.get("reference") == "lbfgs":
+            reference = _reference(spec, ds, params, est_spec["class"])
+            log(f"reference optimum (L-BFGS on the driver): F* = {reference:.12g}")
         runs, histories, fitted = {}, {}, {}
         for value in cmp_values:
             label = str(value) if cmp_key else est_spec["class"]
@@ -171,32 +218,44 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
             has_ckpt = (ckpt / "zarr.json").exists()
             if has_ckpt and not resume:
                 shutil.rmtree(ckpt)
-            est = cls(**p, backend=client, show_progress=show_progress, checkpoint=str(ckpt),
+            # backend: local in the params simulates its n_workers in this process
+            p.setdefault("backend", client)
+            est = cls(**p, show_progress=show_progress, checkpoint=str(ckpt),
                       checkpoint_every=int(spec.get("checkpoint_every", 50)),
                       resume=bool(resume and has_ckpt))
-            log(f"fitting {est_spec['class']} ({cmp_key}={value}) on {n_workers} workers")
+            where = (f"{p.get('n_workers') or n_workers} partitions on {n_workers} Dask workers"
+                     if p["backend"] is client else f"backend {p['backend']!r}")
+            log(f"fitting {est_spec['class']} ({cmp_key}={value}) with {where}")
             t0 = time.perf_counter()
             est.fit(ds)
             wall = time.perf_counter() - t0
-            runs[label] = _summary(est, wall)
+            runs[label] = _summary(est, wall, reference)
             histories[label] = est.history_
             fitted[label] = est
-            log(f"  objective {est.objective_:.10g}  gap {est.dual_gap_:.3e}  "
-                f"rounds {est.n_iter_}  {wall:.2f}s")
+            extra = (f"gap {est.dual_gap_:.3e}" if hasattr(est, "dual_gap_") else
+                     f"blocks uploaded {runs[label]['blocks_uploaded']}")
+            log(f"  objective {est.objective_:.10g}  {extra}  rounds {est.n_iter_}  "
+                f"{wall:.2f}s")
         metrics = {
             "pipeline": spec["name"], "dataset": str(getattr(ds, "path", ds)),
             "shape": list(ds.shape), "nnz": int(ds.nnz), "n_workers": n_workers,
             "scheduler": client.scheduler.address, "params": params,
             "best_objective": min(r["objective"] for r in runs.values()), "runs": runs,
+            "reference_objective": reference,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
         tmp_out.mkdir(parents=True)
         main = fitted[next(iter(fitted))]
         _write_coef(tmp_out / "coef.zarr", main)
-        from .plotting import plot_convergence
+        from .plotting import plot_convergence, plot_suboptimality
 
-        plot_convergence({f"schedule={k}" if cmp_key else k: h for k, h in histories.items()},
-                         path=str(tmp_out / "convergence.png"))
+        labelled = {f"{cmp_key}={k}" if cmp_key else k: h for k, h in histories.items()}
+        if est_spec["class"] in _SPARSIFIED:
+            best = min(float(np.nanmin(h["objective"])) for h in histories.values())
+            plot_suboptimality(labelled, reference=reference if reference is not None
+                               else best, path=str(tmp_out / "convergence.png"))
+        else:
+            plot_convergence(labelled, path=str(tmp_out / "convergence.png"))
         with open(tmp_out / "metrics.json", "w") as f:
             json.dump(metrics, f, indent=2, default=_json_default)
         shutil.copy(spec["_path"], tmp_out / "pipeline.yaml")
@@ -245,10 +304,10 @@ def _write_coef(path, est):
     import zarr
 
     g = zarr.open_group(str(path), mode="w", zarr_format=3)
-    coef = np.asarray(est.coef_, dtype=np.float64)
+    coef = np.ravel(np.asarray(est.coef_, dtype=np.float64))
     a = g.create_array("coef", shape=coef.shape, dtype="float64",
                        chunks=(min(len(coef), 1 << 20),))
     a[:] = coef
-    g.attrs.update({"intercept": float(est.intercept_), "estimator": type(est).__name__,
+    g.attrs.update({"intercept": float(np.ravel(est.intercept_)[0]), "estimator": type(est).__name__,
                     "params": {k: v for k, v in est.get_params().items()
                                if isinstance(v, (int, float, str, bool, type(None)))}})

@@ -40,6 +40,36 @@ def test_dmp_run_small_pipeline(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_dmp_run_sparsified_pipeline(tmp_path, capsys):
+    """The LIBSVM breast-cancer data through the row-store recipe, ISEGA for two values of
+    blocks per worker on the embedded cluster, suboptimality against L-BFGS."""
+    spec = (REPO / "pipelines" / "sparsified_logreg.yaml").read_text()
+    spec = spec.replace("blocks_per_worker: [1, 2, 3, 6, all]", "blocks_per_worker: [3, all]")
+    spec = spec.replace("max_iter: 1000", "max_iter: 120")
+    path = tmp_path / "p.yaml"
+    path.write_text(spec)
+    out = tmp_path / "run"
+    assert main(["run", str(path), "--output", str(out), "--no-progress"]) == 0
+    assert "reference optimum (L-BFGS" in capsys.readouterr().out
+    m = json.loads((out / "metrics.json").read_text())
+    runs = m["runs"]
+    assert set(runs) == {"3", "all"} and m["shape"] == [569, 30]
+    assert runs["3"]["blocks_per_worker"] == 3 and runs["all"]["blocks_per_worker"] == 30
+    # each of the 10 partitions uploads exactly tau blocks per iteration
+    assert runs["3"]["blocks_uploaded"] == 120 * 10 * 3
+    assert runs["all"]["blocks_uploaded"] == 120 * 10 * 30
+    for r in runs.values():
+        # 120 iterations bring (F - F*) / F* from 2.03 (F(0) = log 2) to about 1e-2
+        assert 0 < r["final_suboptimality"] < 5e-2
+        assert r["reference_objective"] == m["reference_objective"]
+    png = (out / "convergence.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    coef = zarr.open_group(str(out / "coef.zarr"), mode="r")["coef"][:]
+    assert coef.shape == (30,)
+
+
 def test_failed_run_leaves_no_output(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text((REPO / "pipelines" / "lasso_small.yaml").read_text()
@@ -59,6 +89,10 @@ def test_pipeline_validation_messages(tmp_path, capsys):
     bad.write_text("name: x\ndataset: lasso_small\nestimator: {class: Ridge}\n")
     assert main(["run", str(bad)]) == 2
     assert "unknown estimator class 'Ridge'" in capsys.readouterr().err
+    bad.write_text("name: x\ndataset: d\nestimator: {class: SparsifiedSGDClassifier, "
+                   "params: {alpha_ratio: 0.1}}\n")
+    assert main(["run", str(bad)]) == 2
+    assert "'alpha_ratio' is only defined for Lasso" in capsys.readouterr().err
     assert main(["run", str(tmp_path / "missing.yaml")]) == 2
     assert "does not exist" in capsys.readouterr().err
 

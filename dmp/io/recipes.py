@@ -14,6 +14,8 @@ or converted from a file::
     source: sample.svm                    # relative to the recipe file's directory
     params: {n_features: 10}              # optional, passed to read_svmlight
     n_shards: 2
+    layout: rows                          # optional: row shards (data-parallel methods);
+                                          # default columns (feature blocks, Lasso)
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 import yaml
 
 from . import svmlight, synthetic
+from .rows import write_sparse_rows
 from .sparse import (DatasetError, SparseDataset, _exists, _normalize_path, open_dataset,
                      write_sparse)
 
@@ -36,7 +39,9 @@ __all__ = ["default_cache_dir", "load_recipe", "build_dataset", "GENERATORS", "C
 
 GENERATORS = ("make_sparse_lasso", "make_correlated_lasso")
 CONVERTERS = ("svmlight",)
-_KEYS = {"name", "generator", "convert", "source", "params", "n_shards", "description"}
+_KEYS = {"name", "generator", "convert", "source", "params", "n_shards", "description",
+         "layout"}
+_LAYOUTS = ("columns", "rows")
 _FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 _REPO_DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 
@@ -123,6 +128,10 @@ def load_recipe(path_or_dict) -> dict:
                                  or n_shards < 1):
         raise ValueError(f"{where}: 'n_shards' must be a positive integer, got {n_shards!r}")
 
+    layout = recipe.setdefault("layout", "columns")
+    if layout not in _LAYOUTS:
+        raise ValueError(f"{where}: 'layout' must be one of {', '.join(_LAYOUTS)}, "
+                         f"got {layout!r}")
     has_gen, has_conv = "generator" in recipe, "convert" in recipe
     if has_gen == has_conv:
         raise ValueError(f"{where}: exactly one of 'generator' or 'convert' is required")
@@ -210,5 +219,6 @@ def build_dataset(recipe, path=None, *, overwrite=False, storage_options=None) -
         X, y, _ = _generator(recipe["generator"])(**params)
     else:
         X, y = svmlight.read_svmlight(recipe["source"], **params)
-    return write_sparse(path, X, y, n_shards=recipe.get("n_shards"),
-                        overwrite=overwrite or stale, storage_options=storage_options)
+    write = write_sparse_rows if recipe["layout"] == "rows" else write_sparse
+    return write(path, X, y, n_shards=recipe.get("n_shards"), overwrite=overwrite or stale,
+                 storage_options=storage_options)

@@ -100,3 +100,20 @@ def test_svmlight_recipe_resolves_relative_source(tmp_path, monkeypatch):
     y = np.array([float(line.split()[0]) for line in lines])
     np.testing.assert_array_equal(ds.load_y(), y)
     ds.validate()
+
+
+def test_row_layout_recipe_builds_a_row_store(tmp_path, monkeypatch):
+    from sklearn.datasets import load_breast_cancer
+
+    from dmp.io import SparseRowDataset
+
+    monkeypatch.setenv("DMP_CACHE_DIR", str(tmp_path / "cache"))
+    ds = build_dataset("breast_cancer_scale")
+    assert isinstance(ds, SparseRowDataset) and ds.shape == (569, 30) and ds.n_shards == 10
+    X, y = ds.load_row_shards(list(range(ds.n_shards)))
+    Xr, yr = load_breast_cancer(return_X_y=True)
+    lo, hi = Xr.min(0), Xr.max(0)
+    np.testing.assert_allclose(X.toarray(), 2 * (Xr - lo) / (hi - lo) - 1, atol=1e-5)
+    np.testing.assert_array_equal(y, np.where(yr == 1, 1.0, -1.0))
+    with pytest.raises(ValueError, match="'layout' must be one of columns, rows"):
+        load_recipe({"name": "x", "generator": "make_sparse_lasso", "layout": "diagonal"})
