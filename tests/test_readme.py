@@ -10,7 +10,7 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.S)
 
 
 def test_readme_has_the_examples():
-    assert len(BLOCKS) == 2
+    assert len(BLOCKS) == 3
     first_lines = "\n".join(README.splitlines()[:12])
     assert "bash .ci/install && .venv/bin/dmp run pipelines/lasso.yaml" in first_lines
     assert ".venv/bin/python -m pytest -q" in first_lines
@@ -25,8 +25,17 @@ def test_lasso_example():
     assert est.dual_gap_ <= est.tol * np.var(ns["y"]) + 1e-12
 
 
-def test_program_example():
+def test_sparsified_example():
     ns = {}
     exec(BLOCKS[1], ns)
+    clf = ns["clf"]
+    assert (clf.blocks_per_worker_, clf.n_blocks_) == (3, 31)
+    assert np.all(clf.history_["upload_bytes"][1:] == 3 * (8 + 4) + 8)
+    assert clf.score(ns["X"], ns["y"]) > 0.97
+
+
+def test_program_example():
+    ns = {}
+    exec(BLOCKS[2], ns)
     np.testing.assert_allclose(ns["program"].driver["w"], np.arange(5.0), atol=1e-6)
     assert ns["result"].converged

@@ -37,8 +37,31 @@ def warm_lasso() -> None:
                         np.empty(nnz, np.int64), np.empty(nnz), np.empty(p, np.int64))
 
 
+def warm_sparsify() -> None:
+    from . import sparsify as S
+
+    A = sp.random(6, 5, density=0.6, format="csr", random_state=0)
+    args = (A.indptr.astype(np.int64), A.indices.astype(np.int32), A.data.astype(np.float64),
+            np.array([1.0, -1.0, 1.0, -1.0, 1.0, -1.0]))
+    x, g = np.zeros(6), np.zeros(6)
+    bounds = np.array([0, 3, 6], dtype=np.int64)
+    blocks = S.tau_nice(0, 0, 0, 2, 1)
+    rows = S.tau_nice(0, 1, 0, 6, 2)
+    for loss in (S.SQUARED, S.LOGISTIC):
+        S.loss_gradient(*args, x, loss, True, g)
+        S.loss_value(*args, x, loss, True)
+        S.batch_gradient(*args, x, rows, loss, True, g)
+        S.saga_delta(*args, x, rows, loss, True, np.zeros((6, 2)),
+                     np.array([0, 0, 0, 1, 1, 1], dtype=np.int64), bounds, blocks)
+    S.scatter_add_blocks(g, bounds, blocks, S.gather_blocks(g, bounds, blocks, 1.0), 1.0)
+    S.assign_blocks(x, bounds, blocks, S.shift_delta(g, np.zeros(6), bounds, blocks))
+    S.prox_elastic_net(g, 0.1, 0.1, 0.1, 5, x)
+    S.row_sq_norms(args[0], args[2], True)
+
+
 def main() -> None:
     warm_lasso()
+    warm_sparsify()
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ class _SparsifiedBase(BaseEstimator):
 
     def __init__(self, loss, *, penalty="l2", alpha=1e-4, l1_ratio=0.15, fit_intercept=True,
                  method="isega", n_blocks="auto", blocks_per_worker="auto", batch_size=None,
-                 step_size="auto", momentum="auto", max_iter=1000, tol=1e-10,
+                 step_size="auto", momentum="auto", max_iter=1000, tol=1e-6,
                  n_iter_no_change=10, backend="auto", n_workers=None, random_state=None,
                  checkpoint=None, checkpoint_every=100, resume=False, show_progress=False,
                  callback=None, verbose=0):
@@ -336,10 +336,10 @@ class SparsifiedSGDRegressor(RegressorMixin, _SparsifiedBase):
         convex, else the convex schedule k / (k + 3).
     max_iter : int, default=1000
         Iterations (rounds).
-    tol : float or None, default=1e-10
-        Stop when the best objective has not decreased by ``tol * max(1, |best|)`` for
-        ``n_iter_no_change * ceil(m / tau)`` evaluations (every iteration with exact
-        gradients, every epoch otherwise); None runs ``max_iter`` iterations.
+    tol : float or None, default=1e-6
+        Stop when the best objective decreased by less than ``tol * max(1, |best|)`` over
+        the last ``n_iter_no_change * ceil(m / tau)`` evaluations (every iteration with
+        exact gradients, every epoch otherwise); None runs ``max_iter`` iterations.
     n_iter_no_change : int, default=10
     backend : {"auto", "local", "dask"}, distributed.Client or backend, default="auto"
     n_workers : int, optional
@@ -375,7 +375,7 @@ class SparsifiedSGDRegressor(RegressorMixin, _SparsifiedBase):
     def __init__(self, *, loss="squared_error", penalty="l2", alpha=1e-4, l1_ratio=0.15,
                  fit_intercept=True, method="isega", n_blocks="auto",
                  blocks_per_worker="auto", batch_size=None, step_size="auto",
-                 momentum="auto", max_iter=1000, tol=1e-10, n_iter_no_change=10,
+                 momentum="auto", max_iter=1000, tol=1e-6, n_iter_no_change=10,
                  backend="auto", n_workers=None, random_state=None, checkpoint=None,
                  checkpoint_every=100, resume=False, show_progress=False, callback=None,
                  verbose=0):
@@ -433,7 +433,7 @@ class SparsifiedSGDClassifier(ClassifierMixin, _SparsifiedBase):
     def __init__(self, *, loss="log_loss", penalty="l2", alpha=1e-4, l1_ratio=0.15,
                  fit_intercept=True, method="isega", n_blocks="auto",
                  blocks_per_worker="auto", batch_size=None, step_size="auto",
-                 momentum="auto", max_iter=1000, tol=1e-10, n_iter_no_change=10,
+                 momentum="auto", max_iter=1000, tol=1e-6, n_iter_no_change=10,
                  backend="auto", n_workers=None, random_state=None, checkpoint=None,
                  checkpoint_every=100, resume=False, show_progress=False, callback=None,
                  verbose=0):

@@ -236,7 +236,7 @@ class SparsifiedProgram(Program):
         self.driver = {
             "n_parts": n_partitions, "x": x, "point": x.copy(), "memory": np.zeros(D),
             "step": None, "beta": None, "weights": None, "l": None, "k": 0,
-            "objective": math.nan, "best": math.inf, "no_improve": 0, "converged": False,
+            "objective": math.nan, "best": math.inf, "bests": [], "converged": False,
             "blocks_up": 0, "stats": None,
         }
 
@@ -379,17 +379,19 @@ class SparsifiedProgram(Program):
             d["diverged"] = True
             d["converged"] = True
             return
+        d["best"] = min(d["best"], f)
+        d["bests"].append(d["best"])
         if self.tol is None:
             return
-        if f > d["best"] - self.tol * max(1.0, abs(d["best"])):
-            d["no_improve"] += 1
-        else:
-            d["no_improve"] = 0
-        d["best"] = min(d["best"], f)
-        # the sparsified estimators are noisy: each block reaches the driver about every
-        # m / tau rounds, so the patience grows with that ratio
-        if d["no_improve"] >= self.n_iter_no_change * math.ceil(self.n_blocks / self.tau):
-            d["converged"] = True
+        # The estimators are noisy and each block reaches the driver about every m / tau
+        # rounds, so progress is judged over a window of n_iter_no_change * ceil(m / tau)
+        # evaluations: stop when the best objective improved by less than tol (relative).
+        window = self.n_iter_no_change * math.ceil(self.n_blocks / self.tau)
+        bests = d["bests"]
+        if len(bests) > window:
+            del bests[:len(bests) - window - 1]
+            if bests[0] - bests[-1] < self.tol * max(1.0, abs(bests[-1])):
+                d["converged"] = True
 
     def metrics(self):
         d = self.driver
@@ -409,14 +411,14 @@ class SparsifiedProgram(Program):
                 "step": d["step"], "beta": d["beta"], "weights": d["weights"], "l": d["l"],
                 "L": d.get("L"), "L_w": d.get("L_w"), "A": d.get("A"),
                 "objective": d["objective"], "best": d["best"],
-                "no_improve": d["no_improve"], "stats": d["stats"]}
+                "bests": np.asarray(d["bests"], dtype=np.float64), "stats": d["stats"]}
 
     def load_driver_state(self, state):
         d = self.driver
         for name in ("x", "point", "memory"):
             d[name] = np.asarray(state[name], dtype=np.float64).copy()
-        for name in ("k", "no_improve"):
-            d[name] = int(state[name])
+        d["k"] = int(state["k"])
+        d["bests"] = [float(v) for v in np.asarray(state["bests"], dtype=np.float64)]
         for name in ("step", "beta", "weights", "l", "L", "L_w", "A", "objective", "best",
                      "stats"):
             d[name] = state[name]
