@@ -448,3 +448,24 @@ def test_bad_input_is_rejected_with_clear_messages():
     with pytest.raises(FloatingPointError, match="diverged"):
         SparsifiedSGDRegressor(backend="local", step_size=100.0, max_iter=400,
                                tol=None).fit(X, y.astype(float))
+
+
+def test_broadcast_sends_only_changed_blocks_when_r_is_zero():
+    """With R = 0 an ISGD step changes only the union of the uploaded blocks; the broadcast
+    carries those (values + ids) instead of the whole point."""
+    rng = np.random.default_rng(8)
+    X = rng.standard_normal((120, 80))
+    y = rng.standard_normal(120)
+    n, m, tau = 4, 40, 2
+    est = SparsifiedSGDRegressor(method="isgd", penalty=None, fit_intercept=False,
+                                 n_blocks=m, blocks_per_worker=tau, max_iter=30, tol=None,
+                                 n_workers=n, backend="local", random_state=0).fit(X, y)
+    pull = est.history_["bytes_pull"][2:]  # the broadcast of the previous round's step
+    # at most n * tau blocks of 2 coordinates changed: values + one int32 id per block
+    assert np.all(pull <= n * (n * tau * (2 * 8 + 4)))
+    assert np.all(pull >= n * (tau * (2 * 8 + 4)))
+    dense = SparsifiedSGDRegressor(method="isgd", penalty="l2", alpha=0.1, l1_ratio=0.0,
+                                   fit_intercept=False, n_blocks=m, blocks_per_worker=m,
+                                   max_iter=5, tol=None, n_workers=n, backend="local",
+                                   random_state=0).fit(X, y)
+    assert np.all(dense.history_["bytes_pull"][2:] == n * 80 * 8)
