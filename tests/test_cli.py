@@ -124,7 +124,7 @@ def test_dmp_run_resume_after_a_crash(tmp_path, monkeypatch):
     out = tmp_path / "run"
     real_summary = pipeline._summary
 
-    def crash(est, wall):
+    def crash(*args):
         raise RuntimeError("driver killed")
 
     monkeypatch.setattr(pipeline, "_summary", crash)
