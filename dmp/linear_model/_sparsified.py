@@ -316,8 +316,10 @@ class SparsifiedSGDRegressor(RegressorMixin, _SparsifiedBase):
     fit_intercept : bool, default=True
         Fit an unpenalised intercept (an extra coordinate in the last block).
     method : {"isega", "isgd", "isaga", "iasgd"}, default="isega"
-        ``isgd``: sparsified (stochastic) gradients; ``isega``: SEGA-type shifts on every
-        worker, converges to the exact optimum; ``isaga``: SAGA with block-refreshed memory
+        ``isgd``: sparsified (stochastic) gradients; converges linearly when every
+        ``grad f_i(x*) = 0`` (identical shards, interpolation), otherwise only to a noise
+        floor that grows with ``(m/tau - 1) sum_i |grad f_i(x*)|^2`` (heterogeneous
+        shards); ``isega``: SEGA-type shifts on every worker, converges to the exact optimum; ``isaga``: SAGA with block-refreshed memory
         (``batch_size`` rows per worker per iteration); ``iasgd``: the isgd estimator with
         momentum (for over-parameterised / interpolation problems).
     n_blocks : int or "auto", default="auto"
