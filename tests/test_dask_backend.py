@@ -49,6 +49,18 @@ def test_auto_backend_uses_active_client(dask_client):
     assert est.history_["push_s"].shape[1] == 2
 
 
+def test_cluster_workers_is_never_empty_on_a_live_cluster(dask_client):
+    """``Client.scheduler_info()`` can return a cached identity without workers (its
+    periodic refresh races the fetch; it failed CI); ``cluster_workers`` asks directly."""
+    import dask
+    from distributed import Client
+
+    with dask.config.set({"distributed.client.scheduler-info-interval": "5ms"}), \
+            Client(dask_client.scheduler.address, set_as_default=False) as client:
+        sizes = {len(cluster_workers(client)) for _ in range(400)}
+    assert sizes == {2}
+
+
 def test_explicit_client_backend(dask_client):
     """``backend=client`` runs on that client's cluster even when another client is current."""
     from distributed import Client

@@ -90,11 +90,18 @@ def batch_gradient(indptr, indices, data, y, x, rows, loss_id: int, fit_intercep
 
 
 @njit(cache=True, nogil=True)
-def gather_blocks(v, bounds, blocks, scale: float):
-    """Concatenate ``scale * v[bounds[b]:bounds[b+1]]`` for ``b`` in ``blocks``."""
+def _blocks_size(bounds, blocks) -> int:
+    """Number of coordinates in ``blocks``."""
     size = 0
     for t in range(blocks.shape[0]):
         size += bounds[blocks[t] + 1] - bounds[blocks[t]]
+    return size
+
+
+@njit(cache=True, nogil=True)
+def gather_blocks(v, bounds, blocks, scale: float):
+    """Concatenate ``scale * v[bounds[b]:bounds[b+1]]`` for ``b`` in ``blocks``."""
+    size = _blocks_size(bounds, blocks)
     out = np.empty(size)
     pos = 0
     for t in range(blocks.shape[0]):
@@ -120,9 +127,7 @@ def scatter_add_blocks(out, bounds, blocks, values, scale: float) -> None:
 def shift_delta(grad, shift, bounds, blocks):
     """SEGA step on one worker: return ``(grad - shift)`` on ``blocks`` (concatenated) and
     set ``shift`` to ``grad`` there."""
-    size = 0
-    for t in range(blocks.shape[0]):
-        size += bounds[blocks[t] + 1] - bounds[blocks[t]]
+    size = _blocks_size(bounds, blocks)
     out = np.empty(size)
     pos = 0
     for t in range(blocks.shape[0]):

@@ -29,7 +29,9 @@ def _is_row_dataset(X) -> bool:
 class _SparsifiedBase(BaseEstimator):
     """Shared machinery; see :class:`SparsifiedSGDRegressor` for the parameters."""
 
-    _loss_options: tuple = ()
+    #: the driver needs the stored targets (a classifier's classes); a regressor's store was
+    #: validated when written, so its targets stay on the workers
+    _needs_stored_targets = False
 
     _parameter_constraints: dict = {
         "penalty": [StrOptions({"l2", "l1", "elasticnet"}), None],
@@ -94,10 +96,6 @@ class _SparsifiedBase(BaseEstimator):
         return tags
 
     # ------------------------------------------------------------------ data
-    def _targets(self, y, reset: bool):
-        """Validated float targets (classifier: the stored labels, mapped on the workers)."""
-        return np.asarray(y, dtype=np.float64)
-
     def _prepare_data(self, X, y, backend, reset: bool):
         """Return (row dataset, temporary directory or None)."""
         from ..io import InMemorySparseRowDataset, write_sparse_rows
@@ -114,7 +112,8 @@ class _SparsifiedBase(BaseEstimator):
                                  f"{type(self).__name__} is expecting {self.n_features_in_} "
                                  f"features as input")
             self.n_features_in_ = X.n_features
-            self._check_labels(X.load_y(), reset)
+            if self._needs_stored_targets:
+                self._check_labels(X.load_y(), reset)
             self._stored_labels = True
             return X, None
         if y is None:
@@ -372,8 +371,6 @@ class SparsifiedSGDRegressor(RegressorMixin, _SparsifiedBase):
         ``push_s``.
     """
 
-    _loss_options = ("squared_error",)
-
     def __init__(self, *, loss="squared_error", penalty="l2", alpha=1e-4, l1_ratio=0.15,
                  fit_intercept=True, method="isega", n_blocks="auto",
                  blocks_per_worker="auto", batch_size=None, step_size="auto",
@@ -430,7 +427,7 @@ class SparsifiedSGDClassifier(ClassifierMixin, _SparsifiedBase):
     intercept_ : ndarray of shape (1,)
     """
 
-    _loss_options = ("log_loss",)
+    _needs_stored_targets = True
 
     def __init__(self, *, loss="log_loss", penalty="l2", alpha=1e-4, l1_ratio=0.15,
                  fit_intercept=True, method="isega", n_blocks="auto",

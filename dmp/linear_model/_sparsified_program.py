@@ -137,8 +137,10 @@ class SparsifiedProgram(Program):
         y = np.asarray(y, dtype=np.float64)
         if self.labels is not None:
             y = np.where(y == self.labels[1], 1.0, -1.0)
-        s = {"k": int(spec["index"]), "indptr": A.indptr.astype(np.int64),
-             "indices": A.indices.astype(np.int32), "data": A.data.astype(np.float64),
+        # views of A's arrays where the dtypes already match (no second copy of the shard)
+        s = {"k": int(spec["index"]), "indptr": A.indptr.astype(np.int64, copy=False),
+             "indices": A.indices.astype(np.int32, copy=False),
+             "data": A.data.astype(np.float64, copy=False),
              "y": y, "l": A.shape[0], "x": np.zeros(self.n_coords),
              "grad": np.zeros(self.n_coords), "A": A}
         if self.x0 is not None:
