@@ -1,0 +1,5 @@
+"""Matrix and tensor decompositions trained with model parallelism."""
+
+from ._mf import MatrixFactorization
+
+__all__ = ["MatrixFactorization"]

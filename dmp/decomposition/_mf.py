@@ -1,0 +1,365 @@
+"""``dmp.decomposition.MatrixFactorization``: STRADS model-parallel CCD / CCD++."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import shutil
+import tempfile
+import warnings
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.validation import check_is_fitted
+
+from ..engine import resolve_backend, run
+from ..engine.runner import history_arrays
+from ..kernels import mf as K
+from ..linear_model._lasso import seed_from
+from ._mf_program import MFProgram, auto_block_size
+
+
+def _is_ratings_dataset(X) -> bool:
+    return hasattr(X, "load_rows") and hasattr(X, "load_cols") and hasattr(X, "balanced_bounds")
+
+
+def _as_triplets(R, what: str):
+    """(users, items, ratings, shape or None) from a sparse matrix or a triplet tuple."""
+    if sp.issparse(R):
+        C = sp.coo_matrix(R)
+        return C.row, C.col, C.data, C.shape
+    if isinstance(R, tuple) and len(R) == 3:
+        u, i, r = (np.asarray(a) for a in R)
+        return u, i, r, None
+    if isinstance(R, np.ndarray) or hasattr(R, "__array__"):
+        raise TypeError(f"{what}: dense arrays are ambiguous for ratings (which entries are "
+                        f"observed?); pass a scipy.sparse matrix whose stored entries are "
+                        f"the ratings, a (users, items, ratings) tuple, or a dmp ratings store")
+    raise TypeError(f"{what}: expected a scipy.sparse matrix, a (users, items, ratings) tuple "
+                    f"or a dmp ratings store, got {type(R).__name__}")
+
+
+class MatrixFactorization(BaseEstimator):
+    """Explicit-feedback matrix factorisation by STRADS model-parallel coordinate descent.
+
+    Minimises ``sum_(i,j) observed (r_ij - mu - w_i . h_j)^2 + alpha (sum_i c_i |w_i|^2 +
+    sum_j c_j |h_j|^2)`` over user factors W (n_users x k) and item factors H (n_items x k),
+    with ``c = 1`` (``reg_scaling="none"``: the STRADS / CCD++ objective, ``alpha`` not
+    multiplied by rating counts, as ``cmfrec.CMF(scale_lam=False)``) or ``c`` = the number of
+    ratings of the user or item (``reg_scaling="count"``), and ``mu`` the mean training
+    rating (``center=True``) or 0.
+
+    Users and items are partitioned over the workers (contiguous ranges balanced by rating
+    count); each worker holds the ratings of its users and of its items, and updates only its
+    own factors.  Coordinates are scheduled round-robin in blocks; each round broadcasts only
+    the coordinate block in flight, so no worker ever holds another worker's factors whole.
+
+    Parameters
+    ----------
+    n_components : int, default=10
+        Rank k.
+    alpha : float, default=0.05
+        Regularisation strength (>= 0).
+    method : {"ccd++", "ccd"}, default="ccd++"
+        ``"ccd++"``: rank-one feature updates (Yu et al. 2012), one factor column in flight
+        per round.  ``"ccd"``: exact cyclic coordinate descent over all coordinates of every
+        user, then of every item (STRADS' released ``cdmf``), ``block_size`` coordinates per
+        round.
+    max_iter : int, default=20
+        Outer iterations (one pass over every factor of W and H).
+    n_inner : int, default=1
+        CCD++ inner passes per feature (T).
+    block_size : int or "auto", default="auto"
+        CCD: coordinates per round.  ``"auto"``: all k when the block broadcast
+        ``(n_users + n_items) * block_size * 8`` bytes fits 64 MiB, else the largest that does.
+    center : bool, default=True
+        Subtract the mean training rating (``mean_``) and model the deviations.
+    reg_scaling : {"none", "count"}, default="none"
+        See the objective above.
+    tol : float or None, default=1e-4
+        Stop when an iteration lowers the objective by less than ``tol`` relative.
+    backend : {"auto", "local", "dask"}, a ``distributed.Client`` or a backend instance
+        ``"auto"``: the active Dask client if there is one, else in-process.
+    n_workers : int, optional
+        Partitions (default: the backend's worker count).
+    random_state : int, RandomState or None
+        Seed of the initial H (entries U(0, 1), keyed by item, so independent of the
+        partitioning; W starts at 0, as in STRADS).
+    checkpoint : str, optional
+        Zarr checkpoint location (written every ``checkpoint_every`` iterations).
+    checkpoint_every : int, default=5
+    resume : bool, default=False
+        Continue from the latest complete checkpoint.
+    show_progress : bool, default=False
+        Progress bar with the objective and validation RMSE.
+    callback : callable, optional
+        ``callback(round, metrics) -> bool``; True stops the fit.
+
+    Attributes
+    ----------
+    user_factors_ : ndarray of shape (n_users, n_components)
+    item_factors_ : ndarray of shape (n_items, n_components)
+    mean_ : float
+        The subtracted mean rating (0 without centring).
+    n_iter_ : int
+        Outer iterations run.
+    objective_ : float
+        Final objective.
+    history_ : dict of arrays
+        Per round: ``iteration``, ``phase`` ("init", "W", "H"), ``objective``,
+        ``train_rmse``, ``valid_rmse`` (NaN without validation data), ``time``, ``round_s``,
+        ``push_s`` (rounds x workers) and ``bytes_schedule``, ``bytes_push``, ``bytes_pull``.
+    block_size_ : int
+        Coordinates per round (1 for CCD++).
+    """
+
+    _parameter_constraints: dict = {
+        "n_components": [Interval(numbers.Integral, 1, None, closed="left")],
+        "alpha": [Interval(numbers.Real, 0, None, closed="left")],
+        "method": [StrOptions({"ccd++", "ccd"})],
+        "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
+        "n_inner": [Interval(numbers.Integral, 1, None, closed="left")],
+        "block_size": [Interval(numbers.Integral, 1, None, closed="left"), StrOptions({"auto"})],
+        "center": ["boolean"],
+        "reg_scaling": [StrOptions({"none", "count"})],
+        "tol": [Interval(numbers.Real, 0, None, closed="left"), None],
+        "backend": [StrOptions({"auto", "local", "dask"}), object],
+        "n_workers": [Interval(numbers.Integral, 1, None, closed="left"), None],
+        "random_state": ["random_state"],
+        "checkpoint": [str, object, None],
+        "checkpoint_every": [Interval(numbers.Integral, 1, None, closed="left")],
+        "resume": ["boolean"],
+        "show_progress": ["boolean"],
+        "callback": [callable, None],
+    }
+
+    def __init__(self, n_components=10, *, alpha=0.05, method="ccd++", max_iter=20, n_inner=1,
+                 block_size="auto", center=True, reg_scaling="none", tol=1e-4, backend="auto",
+                 n_workers=None, random_state=None, checkpoint=None, checkpoint_every=5,
+                 resume=False, show_progress=False, callback=None):
+        self.n_components = n_components
+        self.alpha = alpha
+        self.method = method
+        self.max_iter = max_iter
+        self.n_inner = n_inner
+        self.block_size = block_size
+        self.center = center
+        self.reg_scaling = reg_scaling
+        self.tol = tol
+        self.backend = backend
+        self.n_workers = n_workers
+        self.random_state = random_state
+        self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every
+        self.resume = resume
+        self.show_progress = show_progress
+        self.callback = callback
+
+    # ------------------------------------------------------------------ data
+    def _prepare_data(self, R, R_val, backend):
+        """Return (ratings dataset, temporary directory or None)."""
+        from ..io import InMemoryRatingsDataset, write_ratings
+
+        if _is_ratings_dataset(R):
+            if R_val is not None:
+                raise ValueError("X_val must be None when X is a dmp ratings store (its "
+                                 "'valid' split is used)")
+            return R, None
+        u, i, r, shape = _as_triplets(R, "X")
+        if R_val is not None:
+            vu, vi, vr, vshape = _as_triplets(R_val, "X_val")
+            if shape is None and vshape is None:
+                shape = (int(max(u.max(initial=-1), vu.max(initial=-1))) + 1,
+                         int(max(i.max(initial=-1), vi.max(initial=-1))) + 1)
+            shape = shape or vshape
+            if vshape is not None and tuple(vshape) != tuple(shape):
+                raise ValueError(f"X_val has shape {vshape}, X has shape {shape}")
+            valid = (vu, vi, vr)
+        else:
+            valid = None
+        if backend.kind == "local":
+            return InMemoryRatingsDataset((u, i, r), valid=valid, shape=shape), None
+        tmp = tempfile.mkdtemp(prefix="dmp-mf-")
+        try:
+            n = len(r)
+            uu, ii, rr = u, i, r
+            codes = np.zeros(n, np.int8)
+            if valid is not None:
+                uu = np.concatenate([u, valid[0]])
+                ii = np.concatenate([i, valid[1]])
+                rr = np.concatenate([r, valid[2]])
+                codes = np.concatenate([codes, np.ones(len(valid[2]), np.int8)])
+            ds = write_ratings(f"{tmp}/ratings.zarr", uu, ii, rr, shape=shape, split=codes)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return ds, tmp
+
+    # ------------------------------------------------------------------ fitting
+    def fit(self, X, y=None, *, X_val=None):
+        """Factorise the observed ratings.
+
+        Parameters
+        ----------
+        X : scipy.sparse matrix, (users, items, ratings) tuple or dmp ratings store
+            Observed ratings of shape (n_users, n_items): every *stored* entry of a sparse
+            matrix is a rating (explicit zeros included).  Duplicate (user, item) pairs are
+            an error.  A store (`dmp.io.open_dataset`) is read by the workers, and its
+            ``valid`` split, if any, gives ``valid_rmse``.
+        y : None
+            Ignored.
+        X_val : same kinds as X, optional
+            Validation ratings (same shape) for ``history_["valid_rmse"]``.
+
+        Returns
+        -------
+        self
+        """
+        self._validate_params()
+        if self.checkpoint is None and self.resume:
+            raise ValueError("resume=True needs a checkpoint location")
+        backend = resolve_backend(self.backend, self.n_workers)
+        try:
+            ds, tmpdir = self._prepare_data(X, X_val, backend)
+        except BaseException:
+            backend.close()
+            raise
+        try:
+            n_users, n_items = ds.shape
+            if ds.nnz < 1:
+                raise ValueError("X holds no ratings")
+            k = int(self.n_components)
+            if self.method == "ccd":
+                bs = (auto_block_size(k, n_users, n_items) if self.block_size == "auto"
+                      else min(int(self.block_size), k))
+            else:
+                bs = 1
+            program = MFProgram(ds, n_components=k, alpha=self.alpha, method=self.method,
+                                n_inner=self.n_inner, block_size=bs, center=self.center,
+                                reg_scaling=self.reg_scaling, tol=self.tol,
+                                seed=seed_from(self.random_state))
+            fingerprint = {"estimator": type(self).__name__, "method": self.method,
+                           "n_components": k, "alpha": float(self.alpha),
+                           "shape": [int(n_users), int(n_items)],
+                           "n_partitions": backend.n_partitions, "block_size": bs,
+                           "dataset": str(getattr(ds, "path", None))}
+            result = run(program, backend, max_iter=1 + self.max_iter * program.rounds_per_iter,
+                         checkpoint=self.checkpoint,
+                         checkpoint_every=self.checkpoint_every * program.rounds_per_iter,
+                         resume=self.resume, fingerprint=fingerprint, callback=self.callback,
+                         show_progress=self.show_progress, desc=type(self).__name__)
+            parts = backend.call_all("factors")
+        finally:
+            backend.close()
+            if tmpdir is not None:
+                shutil.rmtree(tmpdir, ignore_errors=True)
+        W = np.zeros((n_users, k))
+        H = np.zeros((n_items, k))
+        for r0, Wp, c0, Hp in parts:
+            W[r0:r0 + len(Wp)] = Wp
+            H[c0:c0 + len(Hp)] = Hp
+        dr = program.driver
+        self.user_factors_ = W
+        self.item_factors_ = H
+        self.mean_ = float(dr["mean"])
+        self.n_users_, self.n_items_ = int(n_users), int(n_items)
+        self.n_iter_ = int(math.ceil(max(result.n_rounds - 1, 0) / program.rounds_per_iter))
+        self.objective_ = float(dr["objective"])
+        self.block_size_ = bs
+        self.history_ = history_arrays(result.history)
+        self.recoveries_ = result.recoveries
+        self.wall_time_ = result.wall_s
+        if not np.isfinite(self.objective_):
+            raise FloatingPointError("MatrixFactorization diverged (non-finite objective)")
+        if not result.converged and self.tol is not None and self.n_iter_ >= self.max_iter:
+            warnings.warn(f"MatrixFactorization stopped after max_iter={self.max_iter} "
+                          f"iterations before the objective stopped improving by tol; "
+                          f"increase max_iter", ConvergenceWarning, stacklevel=2)
+        return self
+
+    # ------------------------------------------------------------------ prediction
+    def _check_ids(self, ids, n, what):
+        ids = np.asarray(ids)
+        if ids.ndim != 1:
+            raise ValueError(f"{what} must be one-dimensional, got shape {ids.shape}")
+        if ids.size and not np.issubdtype(ids.dtype, np.integer):
+            if not np.all(np.isfinite(ids)) or np.any(ids != np.round(ids)):
+                raise ValueError(f"{what} must be integer indices")
+        ids = ids.astype(np.int64)
+        bad = (ids < 0) | (ids >= n)
+        if bad.any():
+            raise ValueError(f"{what} out of range [0, {n}): {ids[bad][:5].tolist()}")
+        return ids
+
+    def predict(self, user_ids, item_ids):
+        """Predicted ratings ``mean_ + w_u . h_i`` for pairs ``(user_ids[t], item_ids[t])``.
+
+        Users or items without training ratings get ``mean_`` (their factors are 0 when
+        ``alpha > 0``)."""
+        check_is_fitted(self)
+        u = self._check_ids(user_ids, self.n_users_, "user_ids")
+        i = self._check_ids(item_ids, self.n_items_, "item_ids")
+        if len(u) != len(i):
+            raise ValueError(f"user_ids and item_ids differ in length ({len(u)} != {len(i)})")
+        return K.predict_pairs(self.user_factors_, self.item_factors_, u, i, self.mean_)
+
+    def score(self, X, y=None):
+        """Negative root-mean-square error on the ratings in ``X`` (higher is better).
+
+        ``X``: a sparse matrix, a (users, items, ratings) tuple, or a ratings store (its
+        ``test`` split, else ``valid``)."""
+        check_is_fitted(self)
+        if _is_ratings_dataset(X):
+            split = "test" if "test" in X.splits else ("valid" if "valid" in X.splits
+                                                       else "train")
+            u, i, r = X.to_coo(split)
+        else:
+            u, i, r, _ = _as_triplets(X, "X")
+        r = np.asarray(r, dtype=np.float64)
+        if r.size == 0:
+            raise ValueError("X holds no ratings to score")
+        if not np.all(np.isfinite(r)):
+            raise ValueError("X contains NaN or infinite ratings")
+        pred = self.predict(u, i)
+        return -float(np.sqrt(np.mean((r - pred) ** 2)))
+
+    def objective(self, X):
+        """The training objective of the fitted factors on ratings ``X`` (checks the fit)."""
+        check_is_fitted(self)
+        if _is_ratings_dataset(X):
+            u, i, r = X.to_coo("train")
+        else:
+            u, i, r, _ = _as_triplets(X, "X")
+        e = np.asarray(r, float) - self.predict(u, i)
+        W, H = self.user_factors_, self.item_factors_
+        if self.reg_scaling == "count":
+            cu = np.bincount(np.asarray(u), minlength=len(W))
+            ci = np.bincount(np.asarray(i), minlength=len(H))
+            reg = cu @ (W * W).sum(1) + ci @ (H * H).sum(1)
+        else:
+            reg = (W * W).sum() + (H * H).sum()
+        return float(e @ e + self.alpha * reg)
+
+    def plot(self, ax=None):
+        """Objective and RMSE against time (needs matplotlib)."""
+        check_is_fitted(self)
+        import matplotlib.pyplot as plt
+
+        h = self.history_
+        if ax is None:
+            _, ax = plt.subplots(1, 2, figsize=(10, 4))
+        t = np.asarray(h["time"], float)
+        ax[0].semilogy(t, np.asarray(h["objective"], float))
+        ax[0].set_xlabel("time (s)")
+        ax[0].set_ylabel("objective")
+        for key in ("train_rmse", "valid_rmse"):
+            v = np.asarray(h[key], float)
+            if np.isfinite(v).any():
+                ax[1].plot(t, v, label=key.replace("_", " "))
+        ax[1].set_xlabel("time (s)")
+        ax[1].set_ylabel("RMSE")
+        ax[1].legend()
+        return ax

@@ -1,0 +1,230 @@
+"""Numba kernels for matrix factorisation by coordinate descent (CCD and CCD++).
+
+Conventions: a *local* sparse block is CSR over the rows this worker owns (or CSC over its
+columns, which is the same thing with the roles of users and items swapped): ``indptr``
+(int64), ``indices`` (int32, ids of the *other* side) and the residual ``res`` (float64,
+``r_ij - w_i.h_j``), updated in place.  Own factors are ``F`` (n_local x K, row per owned
+user or item); the other side's factors arrive as a block ``O`` (B x n_other) holding
+rows ``k0 .. k0+B-1`` of that factor matrix, transposed, so that one coordinate is one
+contiguous vector.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .sparsify import _splitmix64
+
+
+@njit(cache=True, nogil=True)
+def ccd_block_update(indptr, indices, res, F, k0, O, lam, delta):
+    """Exact CCD on coordinates ``k0 .. k0+B-1`` of every local row, in that order.
+
+    ``f_ik <- sum_j (e_ij + f_ik o_kj) o_kj / (lam_i + sum_j o_kj^2)`` over the row's
+    entries, then ``e_ij -= (f_ik^new - f_ik) o_kj``.  Rows are independent given ``O``, so
+    this equals a row-by-row serial sweep.  ``delta`` (n_local x B) receives the changes.
+    """
+    n = indptr.shape[0] - 1
+    B = O.shape[0]
+    for i in range(n):
+        a = indptr[i]
+        b = indptr[i + 1]
+        for kk in range(B):
+            k = k0 + kk
+            w = F[i, k]
+            num = 0.0
+            den = lam[i]
+            for p in range(a, b):
+                h = O[kk, indices[p]]
+                num += (res[p] + w * h) * h
+                den += h * h
+            new = num / den if den > 0.0 else 0.0
+            d = new - w
+            delta[i, kk] = d
+            if d != 0.0:
+                F[i, k] = new
+                for p in range(a, b):
+                    res[p] -= d * O[kk, indices[p]]
+
+
+@njit(cache=True, nogil=True)
+def subtract_lowrank(indptr, indices, res, X, xk0, Y):
+    """``res_ij -= sum_kk X[i, xk0+kk] * Y[kk, j]`` for every stored entry (kk in order).
+
+    Brings a residual up to date after the other side changed (``Y`` = its deltas) or after
+    this side changed (``X`` = own deltas, ``Y`` = the other side's block).
+    """
+    n = indptr.shape[0] - 1
+    B = Y.shape[0]
+    for i in range(n):
+        for p in range(indptr[i], indptr[i + 1]):
+            j = indices[p]
+            r = res[p]
+            for kk in range(B):
+                r -= X[i, xk0 + kk] * Y[kk, j]
+            res[p] = r
+
+
+@njit(cache=True, nogil=True)
+def rank1_update(indptr, indices, res, lam, o, f):
+    """CCD++ step for one feature: ``f_i = sum_j e^_ij o_j / (lam_i + sum_j o_j^2)`` with
+    ``e^`` the residual with this feature's rank-one term added back (``res``, unchanged).
+    Writes ``f`` (n_local) and returns the loss ``sum (e^_ij - f_i o_j)^2`` (expanded, so a
+    single pass over the entries)."""
+    n = indptr.shape[0] - 1
+    loss = 0.0
+    for i in range(n):
+        num = 0.0
+        sq = 0.0
+        oo = 0.0
+        for p in range(indptr[i], indptr[i + 1]):
+            r = res[p]
+            h = o[indices[p]]
+            num += r * h
+            oo += h * h
+            sq += r * r
+        den = lam[i] + oo
+        v = num / den if den > 0.0 else 0.0
+        f[i] = v
+        loss += sq - 2.0 * v * num + v * v * oo
+    return loss
+
+
+@njit(cache=True, nogil=True)
+def swap_rank1_update(indptr, indices, res, f_out, o_out, f_in, o_in, o, lam, f):
+    """`rank1_swap` fused with the next feature's `rank1_update` (one pass instead of two).
+
+    First ``res_ij = (res_ij - f_out_i o_out_j) + f_in_i o_in_j`` (close the previous
+    feature, open this one), then ``f_i = sum_j res_ij o_j / (lam_i + sum_j o_j^2)``.
+    Returns ``sum (res_ij - f_i o_j)^2``, expanded as ``sum res^2 - 2 f num + f^2 sum o^2``.
+    """
+    n = indptr.shape[0] - 1
+    loss = 0.0
+    for i in range(n):
+        a_out = f_out[i]
+        a_in = f_in[i]
+        num = 0.0
+        sq = 0.0
+        oo = 0.0
+        for p in range(indptr[i], indptr[i + 1]):
+            j = indices[p]
+            r = (res[p] - a_out * o_out[j]) + a_in * o_in[j]
+            res[p] = r
+            h = o[j]
+            num += r * h
+            oo += h * h
+            sq += r * r
+        den = lam[i] + oo
+        v = num / den if den > 0.0 else 0.0
+        f[i] = v
+        loss += sq - 2.0 * v * num + v * v * oo
+    return loss
+
+
+@njit(cache=True, nogil=True)
+def swap_rank1_loss(indptr, indices, res, f_out, o_out, f_in, o_in, f, o):
+    """`rank1_swap` then `rank1_loss` with ``(f, o)``, in one pass."""
+    n = indptr.shape[0] - 1
+    loss = 0.0
+    for i in range(n):
+        a_out = f_out[i]
+        a_in = f_in[i]
+        v = f[i]
+        for p in range(indptr[i], indptr[i + 1]):
+            j = indices[p]
+            r = (res[p] - a_out * o_out[j]) + a_in * o_in[j]
+            res[p] = r
+            e = r - v * o[j]
+            loss += e * e
+    return loss
+
+
+@njit(cache=True, nogil=True)
+def rank1_loss(indptr, indices, res, f, o):
+    """``sum (e^_ij - f_i o_j)^2`` (the residual after removing a rank-one term)."""
+    n = indptr.shape[0] - 1
+    loss = 0.0
+    for i in range(n):
+        v = f[i]
+        for p in range(indptr[i], indptr[i + 1]):
+            e = res[p] - v * o[indices[p]]
+            loss += e * e
+    return loss
+
+
+@njit(cache=True, nogil=True)
+def rank1_swap(indptr, indices, res, f_out, o_out, f_in, o_in):
+    """``res_ij = (res_ij - f_out_i o_out_j) + f_in_i o_in_j``: finish one CCD++ feature
+    (remove its new rank-one term) and open the next (add its term back)."""
+    n = indptr.shape[0] - 1
+    for i in range(n):
+        a_out = f_out[i]
+        a_in = f_in[i]
+        for p in range(indptr[i], indptr[i + 1]):
+            j = indices[p]
+            res[p] = (res[p] - a_out * o_out[j]) + a_in * o_in[j]
+
+
+@njit(cache=True, nogil=True)
+def uniform_init(seed, stream, start, n, K):
+    """Rows ``start .. start+n-1`` of a (., K) matrix of U(0, 1) entries that depend only on
+    ``(seed, stream, row, k)`` (the same values whatever the partitioning)."""
+    out = np.empty((n, K))
+    for i in range(n):
+        state = np.uint64(seed) * np.uint64(0xD1B54A32D192ED03)
+        state, _ = _splitmix64(state ^ np.uint64(stream))
+        state = state * np.uint64(0x9E3779B97F4A7C15)
+        state, _ = _splitmix64(state ^ np.uint64(start + i))
+        for k in range(K):
+            state, r = _splitmix64(state)
+            out[i, k] = np.float64(r >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def sparse_sq_error(indptr, indices, data, F, G):
+    """``sum_ij (data_ij - F_i . G_j)^2`` over stored entries (F: n x K, G: m x K)."""
+    n = indptr.shape[0] - 1
+    K = F.shape[1]
+    total = 0.0
+    for i in range(n):
+        for p in range(indptr[i], indptr[i + 1]):
+            j = indices[p]
+            s = 0.0
+            for k in range(K):
+                s += F[i, k] * G[j, k]
+            e = data[p] - s
+            total += e * e
+    return total
+
+
+@njit(cache=True, nogil=True)
+def residuals(indptr, indices, data, F, G, offset):
+    """``data_ij - offset - F_i . G_j`` for every stored entry (a fresh residual array)."""
+    n = indptr.shape[0] - 1
+    K = F.shape[1]
+    out = np.empty(data.shape[0])
+    for i in range(n):
+        for p in range(indptr[i], indptr[i + 1]):
+            j = indices[p]
+            s = 0.0
+            for k in range(K):
+                s += F[i, k] * G[j, k]
+            out[p] = data[p] - offset - s
+    return out
+
+
+@njit(cache=True, nogil=True)
+def predict_pairs(F, G, rows, cols, offset):
+    """``offset + F[rows[t]] . G[cols[t]]`` for every pair t."""
+    K = F.shape[1]
+    out = np.empty(rows.shape[0])
+    for t in range(rows.shape[0]):
+        i = rows[t]
+        j = cols[t]
+        s = offset
+        for k in range(K):
+            s += F[i, k] * G[j, k]
+        out[t] = s
+    return out

@@ -1,0 +1,249 @@
+"""MatrixFactorization (STRADS CCD / CCD++) against a serial numpy reference, invariants,
+statistical quality, and bad input."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.base import clone
+
+from dmp.decomposition import MatrixFactorization
+from dmp.engine.backends.local import LocalBackend
+
+from mf_reference import low_rank_ratings, serial_mf
+
+
+def small_problem(seed=0, n=40, m=25, density=0.3):
+    rng = np.random.default_rng(seed)
+    R = sp.random(n, m, density=density, random_state=seed, format="coo")
+    R.data = rng.standard_normal(R.nnz) + 3.0
+    return R
+
+
+def gathered(backend):
+    """(W, H) assembled from the partitions' current states (in-process backend)."""
+    sts = [w.state for w in backend.workers]
+    return np.vstack([s["W"] for s in sts]), np.vstack([s["H"] for s in sts])
+
+
+@pytest.mark.parametrize("method,n_inner,block_size", [
+    ("ccd", 1, "auto"), ("ccd", 1, 2), ("ccd++", 1, "auto"), ("ccd++", 3, "auto")])
+@pytest.mark.parametrize("n_workers", [1, 2, 3])
+@pytest.mark.parametrize("reg_scaling", ["none", "count"])
+def test_matches_serial_reference(method, n_inner, block_size, n_workers, reg_scaling):
+    R = small_problem()
+    k, alpha, n_iter = 4, 0.3, 4
+    mf = MatrixFactorization(k, alpha=alpha, method=method, n_inner=n_inner,
+                             block_size=block_size, max_iter=n_iter, tol=None,
+                             reg_scaling=reg_scaling, backend="local", n_workers=n_workers,
+                             random_state=7).fit(R)
+    W, H, traj, mu = serial_mf(R, k, alpha, n_iter, 7, method, n_inner,
+                               reg_scaling=reg_scaling)
+    h = mf.history_
+    if method == "ccd":  # objective at the end of each half-iteration
+        got = np.asarray([h["objective"][r] for r in range(1, len(h["phase"]))
+                          if r == len(h["phase"]) - 1 or h["phase"][r] != h["phase"][r + 1]])
+    else:
+        got = h["objective"][1:]
+    assert len(got) == len(traj)
+    np.testing.assert_allclose(got, traj, rtol=1e-10)
+    np.testing.assert_allclose(mf.user_factors_, W, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(mf.item_factors_, H, rtol=1e-10, atol=1e-12)
+    assert mf.mean_ == pytest.approx(mu, rel=1e-14)
+    assert mf.objective_ == pytest.approx(mf.objective(R), rel=1e-10)
+
+
+@pytest.mark.parametrize("method", ["ccd", "ccd++"])
+def test_objective_never_increases(method):
+    tr, te = low_rank_ratings(n=120, m=80, k=4, density=0.3, noise=0.3, seed=2)
+    mf = MatrixFactorization(6, alpha=0.1, method=method, max_iter=15, tol=None,
+                             block_size=2, backend="local", n_workers=2, random_state=0)
+    mf.fit(tr, X_val=te)
+    f = mf.history_["objective"][1:]
+    assert np.all(np.diff(f) <= 1e-12 * f[:-1])
+    assert f[-1] < 0.2 * f[0]
+
+
+def test_ccd_residuals_are_exact_after_every_half_iteration():
+    """At the end of each W half the user-side residual copies equal r - mu - W H^T; at the
+    end of each H half the item-side copies do (train and validation)."""
+    tr, te = low_rank_ratings(n=60, m=45, k=3, density=0.35, seed=4)
+    backend = LocalBackend(3)
+    checked = []
+    A, V = tr.tocsr(), te.tocsr()
+
+    def check(rnd, rec):
+        if rec["phase"] == "init":
+            return False
+        W, H = gathered(backend)
+        mu = backend.workers[0].program.driver.get("mean", None)
+        for w in backend.workers:
+            st = w.state
+            r0, c0 = st["r0"], st["c0"]
+            for key, res, M in (("rows", "er", A), ("vrows", "evr", V),
+                                ("cols", "ec", A), ("vcols", "evc", V)):
+                if (rec["phase"] == "W") != key.endswith("rows"):
+                    continue
+                indptr, indices, data = st[key]
+                n_local = len(indptr) - 1
+                own = np.repeat(np.arange(n_local), np.diff(indptr))
+                if key.endswith("rows"):
+                    pred = np.einsum("ij,ij->i", W[r0 + own], H[indices])
+                else:
+                    pred = np.einsum("ij,ij->i", W[indices], H[c0 + own])
+                np.testing.assert_allclose(st[res], data - mf_mean[0] - pred, rtol=0,
+                                           atol=1e-11)
+        checked.append(rec["phase"])
+        return False
+
+    mf_mean = [tr.data.mean()]
+    mf = MatrixFactorization(4, alpha=0.2, method="ccd", max_iter=4, tol=None,
+                             backend=backend, random_state=1, callback=check)
+    mf.fit(tr, X_val=te)
+    assert checked.count("W") == 4 and checked.count("H") == 4
+    assert mf.mean_ == pytest.approx(mf_mean[0])
+    del A, V
+
+
+@pytest.mark.parametrize("method", ["ccd", "ccd++"])
+def test_reported_metrics_equal_recomputed_ones_every_round(method):
+    tr, te = low_rank_ratings(n=50, m=40, k=3, density=0.4, seed=5)
+    backend = LocalBackend(2)
+    seen = []
+
+    def check(rnd, rec):
+        if rec["phase"] == "init":
+            return False
+        W, H = gathered(backend)
+        mu = tr.data.mean()
+        e = tr.data - mu - np.einsum("ij,ij->i", W[tr.row], H[tr.col])
+        ev = te.data - mu - np.einsum("ij,ij->i", W[te.row], H[te.col])
+        obj = e @ e + 0.2 * ((W * W).sum() + (H * H).sum())
+        assert rec["objective"] == pytest.approx(obj, rel=1e-11)
+        assert rec["train_rmse"] == pytest.approx(np.sqrt(np.mean(e * e)), rel=1e-10)
+        assert rec["valid_rmse"] == pytest.approx(np.sqrt(np.mean(ev * ev)), rel=1e-10)
+        seen.append(rnd)
+        return False
+
+    MatrixFactorization(3, alpha=0.2, method=method, max_iter=3, tol=None, block_size=2,
+                        backend=backend, random_state=0, callback=check).fit(tr, X_val=te)
+    assert len(seen) == (12 if method == "ccd" else 18)
+
+
+@pytest.mark.parametrize("method", ["ccd++", "ccd"])
+def test_test_rmse_reaches_the_noise_level(method):
+    """Well-posed synthetic data: ~700 ratings per user-factor parameter group; the test RMSE
+    must come within 2% of the noise standard deviation."""
+    noise = 0.25
+    tr, te = low_rank_ratings(n=400, m=300, k=3, density=0.6, noise=noise, seed=3)
+    mf = MatrixFactorization(3, alpha=1.0, method=method, max_iter=60, tol=1e-7,
+                             backend="local", n_workers=2, random_state=0).fit(tr)
+    rmse = -mf.score(te)
+    assert rmse < 1.02 * noise, rmse
+    assert rmse > 0.9 * noise  # sanity: not fitting the test noise
+
+
+def test_more_workers_same_result_and_convergence_stop():
+    R = small_problem(seed=3, n=60, m=50)
+    kw = dict(alpha=0.5, max_iter=500, tol=1e-4, random_state=0)
+    a = MatrixFactorization(3, backend="local", n_workers=1, **kw).fit(R)
+    b = MatrixFactorization(3, backend="local", n_workers=4, **kw).fit(R)
+    np.testing.assert_allclose(a.user_factors_, b.user_factors_, rtol=1e-9, atol=1e-11)
+    assert a.n_iter_ == b.n_iter_ < 500
+    it = a.history_["iteration"]
+    f_end = a.history_["objective"][np.r_[it[1:] != it[:-1], True]][1:]
+    assert len(f_end) == a.n_iter_
+    assert (f_end[-2] - f_end[-1]) <= 1e-4 * f_end[-2] < (f_end[-3] - f_end[-2])
+
+
+def test_predict_and_score_against_numpy():
+    tr, te = low_rank_ratings(n=50, m=30, k=2, seed=1)
+    mf = MatrixFactorization(2, alpha=0.1, max_iter=10, backend="local",
+                             random_state=0).fit(tr)
+    pred = mf.predict(te.row, te.col)
+    ref = mf.mean_ + np.einsum("ij,ij->i", mf.user_factors_[te.row], mf.item_factors_[te.col])
+    np.testing.assert_allclose(pred, ref, rtol=1e-13)
+    assert mf.score(te) == pytest.approx(-np.sqrt(np.mean((te.data - ref) ** 2)), rel=1e-12)
+    assert mf.score((te.row, te.col, te.data)) == mf.score(te)
+    with pytest.raises(ValueError, match="out of range"):
+        mf.predict([0, 50], [0, 1])
+    with pytest.raises(ValueError, match="differ in length"):
+        mf.predict([0, 1], [0])
+
+
+def test_user_without_training_ratings_predicts_the_mean():
+    R = small_problem(n=30, m=20).tocsr()
+    R = sp.vstack([R, sp.csr_matrix((1, 20))]).tocoo()  # user 30 has no ratings
+    mf = MatrixFactorization(3, alpha=0.1, max_iter=5, backend="local", n_workers=2,
+                             random_state=0).fit(R)
+    assert mf.user_factors_.shape == (31, 3)
+    np.testing.assert_array_equal(mf.user_factors_[30], 0.0)
+    np.testing.assert_allclose(mf.predict([30, 30], [0, 5]), mf.mean_)
+
+
+def test_explicit_zero_ratings_are_observations():
+    u = np.array([0, 0, 1, 1, 2])
+    i = np.array([0, 1, 0, 1, 1])
+    r = np.array([0.0, 1.0, 0.0, 2.0, 0.0])
+    mf = MatrixFactorization(1, alpha=0.01, max_iter=50, center=False, backend="local",
+                             random_state=0).fit((u, i, r))
+    # the three zero ratings pull the predictions of their cells towards 0
+    assert np.abs(mf.predict(u[r == 0], i[r == 0])).max() < 0.3
+
+
+@pytest.mark.parametrize("bad,match", [
+    ((np.array([0, 0]), np.array([1, 1]), np.array([1.0, 2.0])), "uplicate"),
+    ((np.array([0, 1]), np.array([1, 0]), np.array([1.0, np.nan])), "NaN|finite"),
+    ((np.array([0, -1]), np.array([1, 0]), np.array([1.0, 2.0])), "negative|range"),
+    ((np.array([], int), np.array([], int), np.array([])), "no ratings|empty"),
+])
+def test_bad_ratings_are_refused(bad, match):
+    with pytest.raises(ValueError, match=match):
+        MatrixFactorization(2, backend="local").fit(bad)
+
+
+def test_bad_arguments_are_refused():
+    R = small_problem()
+    with pytest.raises(TypeError, match="dense"):
+        MatrixFactorization(2, backend="local").fit(R.toarray())
+    with pytest.raises(ValueError, match="method"):
+        MatrixFactorization(2, method="als", backend="local").fit(R)
+    with pytest.raises(ValueError, match="n_components"):
+        MatrixFactorization(0, backend="local").fit(R)
+    with pytest.raises(ValueError, match="cannot share"):
+        MatrixFactorization(2, backend="local", n_workers=30).fit(R)
+    with pytest.raises(ValueError, match="X_val has shape"):
+        MatrixFactorization(2, backend="local").fit(R, X_val=sp.coo_matrix((3, 3)))
+
+
+def test_sklearn_params_and_clone():
+    mf = MatrixFactorization(5, alpha=0.2, method="ccd", block_size=3)
+    p = mf.get_params()
+    assert p["n_components"] == 5 and p["block_size"] == 3
+    c = clone(mf).set_params(alpha=0.4)
+    assert c.alpha == 0.4 and mf.alpha == 0.2
+    R = small_problem()
+    assert mf.set_params(backend="local", max_iter=2).fit(R) is mf
+
+
+def test_checkpoint_resume_gives_the_uninterrupted_result(tmp_path):
+    tr, te = low_rank_ratings(n=60, m=40, k=2, seed=6)
+    kw = dict(alpha=0.1, max_iter=6, tol=None, backend="local", n_workers=2, random_state=0)
+    full = MatrixFactorization(3, **kw).fit(tr)
+
+    class Stop(Exception):
+        pass
+
+    def crash(rnd, rec):
+        if rnd == 25:
+            raise Stop
+
+    ck = str(tmp_path / "ck.zarr")
+    with pytest.raises(Stop):
+        MatrixFactorization(3, checkpoint=ck, checkpoint_every=2, callback=crash,
+                            **kw).fit(tr)
+    resumed = MatrixFactorization(3, checkpoint=ck, checkpoint_every=2, resume=True,
+                                  **kw).fit(tr)
+    np.testing.assert_array_equal(resumed.user_factors_, full.user_factors_)
+    np.testing.assert_array_equal(resumed.item_factors_, full.item_factors_)
+    np.testing.assert_allclose(resumed.history_["objective"], full.history_["objective"],
+                               rtol=1e-13)
