@@ -1,0 +1,62 @@
+"""MatrixFactorization on a real LocalCluster: identical to in-process, data read on the
+workers from a ratings store, only one coordinate block in flight per round."""
+
+import numpy as np
+import pytest
+
+from dmp.decomposition import MatrixFactorization
+from dmp.io import write_ratings
+
+from mf_reference import low_rank_ratings
+
+pytestmark = pytest.mark.dask
+
+
+@pytest.mark.parametrize("method", ["ccd++", "ccd"])
+def test_dask_matches_local_exactly(dask_client, method):
+    tr, te = low_rank_ratings(n=120, m=90, k=3, density=0.3, seed=8)
+    kw = dict(alpha=0.1, method=method, block_size=2, max_iter=4, tol=None, n_workers=2,
+              random_state=3)
+    local = MatrixFactorization(4, backend="local", **kw).fit(tr, X_val=te)
+    remote = MatrixFactorization(4, backend=dask_client, **kw).fit(tr, X_val=te)
+    np.testing.assert_array_equal(remote.user_factors_, local.user_factors_)
+    np.testing.assert_array_equal(remote.item_factors_, local.item_factors_)
+    np.testing.assert_array_equal(remote.history_["objective"], local.history_["objective"])
+    np.testing.assert_array_equal(remote.history_["valid_rmse"], local.history_["valid_rmse"])
+
+
+def test_store_on_more_partitions_than_workers_and_bounded_broadcasts(dask_client, tmp_path):
+    """Read from a store by the workers; each round broadcasts one factor column (CCD++),
+    never a whole factor matrix, and each partition owns only its users and items."""
+    tr, te = low_rank_ratings(n=200, m=150, k=3, density=0.2, seed=9)
+    u = np.concatenate([tr.row, te.row])
+    i = np.concatenate([tr.col, te.col])
+    r = np.concatenate([tr.data, te.data])
+    codes = np.r_[np.zeros(tr.nnz, np.int8), np.ones(te.nnz, np.int8)]
+    ds = write_ratings(tmp_path / "r.zarr", u, i, r, shape=tr.shape, split=codes)
+    k, P = 8, 4
+    kw = dict(alpha=0.1, max_iter=3, tol=None, n_workers=P, random_state=0)
+    remote = MatrixFactorization(k, backend="dask", **kw).fit(ds)
+    local = MatrixFactorization(k, backend="local", **kw).fit(tr, X_val=te)
+    np.testing.assert_array_equal(remote.user_factors_, local.user_factors_)
+    np.testing.assert_array_equal(remote.history_["valid_rmse"], local.history_["valid_rmse"])
+    h = remote.history_
+    assert h["push_s"].shape == (1 + 3 * 2 * k, P)
+    n_users, n_items = tr.shape
+    # per round: at most one column of W and one row of H (+ the next ones at a feature
+    # boundary) to each of the P partitions, plus small metadata
+    per_round = h["bytes_pull"][1:]
+    whole_factors = 8 * k * (n_users + n_items)
+    assert per_round.max() <= P * 8 * 2 * (n_users + n_items) + 4096
+    assert per_round.max() < whole_factors
+
+
+def test_ccd_blocks_limit_what_is_in_flight(dask_client):
+    tr, _ = low_rank_ratings(n=100, m=80, k=3, density=0.3, seed=10)
+    k, bs = 6, 2
+    mf = MatrixFactorization(k, method="ccd", block_size=bs, alpha=0.1, max_iter=2, tol=None,
+                             backend=dask_client, n_workers=2, random_state=0).fit(tr)
+    assert mf.block_size_ == bs
+    # 3 blocks per half: each broadcast holds the deltas of one block and the next block
+    per_round = mf.history_["bytes_pull"][1:]
+    assert per_round.max() <= 2 * 8 * 2 * bs * (100 + 80) + 4096
