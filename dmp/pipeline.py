@@ -35,7 +35,8 @@ _KEYS = {"name", "description", "dataset", "estimator", "compare", "cluster",
          "checkpoint_every", "output", "reference"}
 _ESTIMATORS = {"Lasso": "dmp.linear_model:Lasso",
                "SparsifiedSGDClassifier": "dmp.linear_model:SparsifiedSGDClassifier",
-               "SparsifiedSGDRegressor": "dmp.linear_model:SparsifiedSGDRegressor"}
+               "SparsifiedSGDRegressor": "dmp.linear_model:SparsifiedSGDRegressor",
+               "MatrixFactorization": "dmp.decomposition:MatrixFactorization"}
 _SPARSIFIED = ("SparsifiedSGDClassifier", "SparsifiedSGDRegressor")
 _CLUSTER_KEYS = {"n_workers", "threads_per_worker", "memory_limit"}
 
@@ -131,10 +132,29 @@ def _start_cluster(spec, scheduler, workers):
     return Client(cluster), cluster
 
 
-def _summary(est, wall_s, reference=None):
+def _mf_summary(est, wall_s, ds, kernel_s):
+    h = est.history_
+    last = {k: float(np.asarray(h[k], dtype=float)[-1]) for k in ("train_rmse", "valid_rmse")}
+    out = {"objective": est.objective_, "iterations": int(est.n_iter_),
+           "rounds": int(len(h["objective"]) - 1), "wall_time_s": wall_s,
+           "train_rmse": last["train_rmse"],
+           "valid_rmse": last["valid_rmse"] if np.isfinite(last["valid_rmse"]) else None,
+           "test_rmse": -est.score(ds) if "test" in ds.splits else None,
+           "mean": est.mean_, "n_components": est.n_components, "block_size": est.block_size_,
+           "bytes": {"schedule": int(np.sum(h["bytes_schedule"])),
+                     "push": int(np.sum(h["bytes_push"])),
+                     "pull": int(np.sum(h["bytes_pull"]))},
+           "kernel_time_s": kernel_s, "kernel_fraction": kernel_s / max(wall_s, 1e-12),
+           "recoveries": est.recoveries_}
+    return out
+
+
+def _summary(est, wall_s, reference=None, ds=None):
     h = est.history_
     push = np.asarray(h["push_s"], dtype=float)
     kernel_s = float(push.mean(axis=1).sum())
+    if hasattr(est, "user_factors_"):
+        return _mf_summary(est, wall_s, ds, kernel_s)
     out = {
         "objective": est.objective_, "rounds": int(est.n_iter_), "wall_time_s": wall_s,
         "nnz_coef": int(np.count_nonzero(est.coef_)),
@@ -225,15 +245,22 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
                       resume=bool(resume and has_ckpt))
             where = (f"{p.get('n_workers') or n_workers} partitions on {n_workers} Dask workers"
                      if p["backend"] is client else f"backend {p['backend']!r}")
-            log(f"fitting {est_spec['class']} ({cmp_key}={value}) with {where}")
+            what = f" ({cmp_key}={value})" if cmp_key else ""
+            log(f"fitting {est_spec['class']}{what} with {where}")
             t0 = time.perf_counter()
             est.fit(ds)
             wall = time.perf_counter() - t0
-            runs[label] = _summary(est, wall, reference)
+            runs[label] = _summary(est, wall, reference, ds)
             histories[label] = est.history_
             fitted[label] = est
-            extra = (f"gap {est.dual_gap_:.3e}" if hasattr(est, "dual_gap_") else
-                     f"blocks uploaded {runs[label]['blocks_uploaded']}")
+            if hasattr(est, "dual_gap_"):
+                extra = f"gap {est.dual_gap_:.3e}"
+            elif hasattr(est, "user_factors_"):
+                extra = "  ".join(f"{k} {runs[label][k]:.4f}" for k in
+                                  ("train_rmse", "valid_rmse", "test_rmse")
+                                  if runs[label][k] is not None)
+            else:
+                extra = f"blocks uploaded {runs[label]['blocks_uploaded']}"
             log(f"  objective {est.objective_:.10g}  {extra}  rounds {est.n_iter_}  "
                 f"{wall:.2f}s")
         metrics = {
@@ -246,15 +273,22 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
         }
         tmp_out.mkdir(parents=True)
         main = fitted[next(iter(fitted))]
-        _write_coef(tmp_out / "coef.zarr", main)
-        from .plotting import plot_convergence, plot_suboptimality
+        from .plotting import plot_convergence, plot_rmse, plot_suboptimality
 
         labelled = {f"{cmp_key}={k}" if cmp_key else k: h for k, h in histories.items()}
-        if est_spec["class"] in _SPARSIFIED:
+        if hasattr(main, "user_factors_"):
+            _write_factors(tmp_out / "factors.zarr", main)
+            tests = {f"{cmp_key}={k}" if cmp_key else k: r["test_rmse"]
+                     for k, r in runs.items() if r["test_rmse"] is not None}
+            plot_rmse(labelled, path=str(tmp_out / "rmse.png"), test_rmse=tests)
+            plot_convergence(labelled, path=str(tmp_out / "convergence.png"))
+        elif est_spec["class"] in _SPARSIFIED:
+            _write_coef(tmp_out / "coef.zarr", main)
             best = min(float(np.nanmin(h["objective"])) for h in histories.values())
             plot_suboptimality(labelled, reference=reference if reference is not None
                                else best, path=str(tmp_out / "convergence.png"))
         else:
+            _write_coef(tmp_out / "coef.zarr", main)
             plot_convergence(labelled, path=str(tmp_out / "convergence.png"))
         with open(tmp_out / "metrics.json", "w") as f:
             json.dump(metrics, f, indent=2, default=_json_default)
@@ -267,7 +301,7 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
         else:
             os.replace(tmp_out, out)
         shutil.rmtree(ckpt_root, ignore_errors=True)
-        log(f"wrote {out}/ (coef.zarr, metrics.json, convergence.png)")
+        log(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
         return metrics
     finally:
         shutil.rmtree(tmp_out, ignore_errors=True)
@@ -298,6 +332,21 @@ def _json_default(o):
     if isinstance(o, np.ndarray):
         return o.tolist()
     return str(o)
+
+
+def _write_factors(path, est):
+    """User and item factors (rows chunked) and the mean rating, as a Zarr group."""
+    import zarr
+
+    g = zarr.open_group(str(path), mode="w", zarr_format=3)
+    for name in ("user_factors", "item_factors"):
+        F = np.asarray(getattr(est, name + "_"), dtype=np.float64)
+        rows = max(1, min(len(F), (8 << 20) // max(8 * F.shape[1], 1)))
+        a = g.create_array(name, shape=F.shape, dtype="float64", chunks=(rows, F.shape[1]))
+        a[:] = F
+    g.attrs.update({"mean": est.mean_, "estimator": type(est).__name__,
+                    "params": {k: v for k, v in est.get_params().items()
+                               if isinstance(v, (int, float, str, bool, type(None)))}})
 
 
 def _write_coef(path, est):

@@ -98,3 +98,60 @@ def plot_suboptimality(histories: dict, *, reference: float, path=None, x_blocks
         plt.close(fig)
         return path
     return fig
+
+
+def plot_rmse(histories: dict, *, path=None, test_rmse=None):
+    """Training and validation RMSE against wall time and against iterations, one colour per
+    run (matrix factorisation ``history_``).
+
+    Parameters
+    ----------
+    histories : dict
+        ``{label: history_}``; each needs ``time``, ``iteration``, ``train_rmse`` and
+        ``valid_rmse`` (NaN when there was no validation data).
+    path : str, optional
+        Save the figure there (PNG) instead of returning it open.
+    test_rmse : dict, optional
+        ``{label: final test RMSE}``, drawn as a horizontal marker.
+    """
+    import matplotlib
+
+    if path is not None:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for n, (label, h) in enumerate(histories.items()):
+        if not len(h):
+            continue
+        color = f"C{n % 10}"
+        t = np.asarray(h["time"], dtype=float)
+        it = np.asarray(h["iteration"], dtype=float)
+        # iteration axis: the fraction of the iteration done at each round
+        frac = np.zeros_like(it)
+        for v in np.unique(it):
+            idx = np.flatnonzero(it == v)
+            frac[idx] = v - 1 + (np.arange(1, len(idx) + 1) / len(idx)) if v > 0 else 0
+        for key, style in (("train_rmse", "--"), ("valid_rmse", "-")):
+            y = np.asarray(h[key], dtype=float)
+            if not np.isfinite(y).any():
+                continue
+            name = f"{label} {key.split('_')[0]}"
+            axes[0].plot(t, y, style, color=color, label=name)
+            axes[1].plot(frac, y, style, color=color, label=name)
+        if test_rmse and label in test_rmse:
+            for a in axes:
+                a.axhline(test_rmse[label], color=color, lw=0.8, ls=":")
+    axes[0].set_xlabel("wall time (s)")
+    axes[1].set_xlabel("iteration")
+    for a in axes:
+        a.set_ylabel("RMSE")
+        a.set_yscale("log")
+        a.grid(True, which="both", alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return None
+    return fig

@@ -60,3 +60,16 @@ def test_ccd_blocks_limit_what_is_in_flight(dask_client):
     # 3 blocks per half: each broadcast holds the deltas of one block and the next block
     per_round = mf.history_["bytes_pull"][1:]
     assert per_round.max() <= 2 * 8 * 2 * bs * (100 + 80) + 4096
+
+
+def test_factors_store_written_by_the_workers(dask_client, tmp_path):
+    tr, te = low_rank_ratings(n=80, m=60, k=2, density=0.3, seed=11)
+    kw = dict(alpha=0.1, max_iter=3, tol=None, n_workers=2, random_state=0)
+    ref = MatrixFactorization(3, backend="local", **kw).fit(tr)
+    store = tmp_path / "factors.zarr"
+    mf = MatrixFactorization(3, backend=dask_client, factors_store=str(store), **kw).fit(tr)
+    assert not isinstance(mf.user_factors_, np.ndarray)  # lazy, read from the store
+    np.testing.assert_array_equal(np.asarray(mf.user_factors_), ref.user_factors_)
+    np.testing.assert_array_equal(np.asarray(mf.item_factors_), ref.item_factors_)
+    np.testing.assert_array_equal(mf.predict(te.row, te.col), ref.predict(te.row, te.col))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["factors.zarr"]  # no temporaries

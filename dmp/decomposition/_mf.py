@@ -97,11 +97,16 @@ class MatrixFactorization(BaseEstimator):
         Progress bar with the objective and validation RMSE.
     callback : callable, optional
         ``callback(round, metrics) -> bool``; True stops the fit.
+    factors_store : str, optional
+        Zarr location for the factors.  Each worker writes its own rows there at the end
+        (nothing passes through the client), and ``user_factors_`` / ``item_factors_`` are
+        dask arrays reading them: for models larger than the client's memory.  Written
+        under a temporary name and renamed when complete; an existing store is replaced.
 
     Attributes
     ----------
-    user_factors_ : ndarray of shape (n_users, n_components)
-    item_factors_ : ndarray of shape (n_items, n_components)
+    user_factors_ : ndarray (or dask array with ``factors_store``) of shape (n_users, n_components)
+    item_factors_ : ndarray (or dask array with ``factors_store``) of shape (n_items, n_components)
     mean_ : float
         The subtracted mean rating (0 without centring).
     n_iter_ : int
@@ -134,12 +139,13 @@ class MatrixFactorization(BaseEstimator):
         "resume": ["boolean"],
         "show_progress": ["boolean"],
         "callback": [callable, None],
+        "factors_store": [str, object, None],
     }
 
     def __init__(self, n_components=10, *, alpha=0.05, method="ccd++", max_iter=20, n_inner=1,
                  block_size="auto", center=True, reg_scaling="none", tol=1e-4, backend="auto",
                  n_workers=None, random_state=None, checkpoint=None, checkpoint_every=5,
-                 resume=False, show_progress=False, callback=None):
+                 resume=False, show_progress=False, callback=None, factors_store=None):
         self.n_components = n_components
         self.alpha = alpha
         self.method = method
@@ -157,6 +163,7 @@ class MatrixFactorization(BaseEstimator):
         self.resume = resume
         self.show_progress = show_progress
         self.callback = callback
+        self.factors_store = factors_store
 
     # ------------------------------------------------------------------ data
     def _prepare_data(self, R, R_val, backend):
@@ -251,16 +258,20 @@ class MatrixFactorization(BaseEstimator):
                          checkpoint_every=self.checkpoint_every * program.rounds_per_iter,
                          resume=self.resume, fingerprint=fingerprint, callback=self.callback,
                          show_progress=self.show_progress, desc=type(self).__name__)
-            parts = backend.call_all("factors")
+            if self.factors_store is not None:
+                W, H = self._save_factors(backend, program)
+            else:
+                parts = backend.call_all("factors")
         finally:
             backend.close()
             if tmpdir is not None:
                 shutil.rmtree(tmpdir, ignore_errors=True)
-        W = np.zeros((n_users, k))
-        H = np.zeros((n_items, k))
-        for r0, Wp, c0, Hp in parts:
-            W[r0:r0 + len(Wp)] = Wp
-            H[c0:c0 + len(Hp)] = Hp
+        if self.factors_store is None:
+            W = np.zeros((n_users, k))
+            H = np.zeros((n_items, k))
+            for r0, Wp, c0, Hp in parts:
+                W[r0:r0 + len(Wp)] = Wp
+                H[c0:c0 + len(Hp)] = Hp
         dr = program.driver
         self.user_factors_ = W
         self.item_factors_ = H
@@ -279,6 +290,33 @@ class MatrixFactorization(BaseEstimator):
                           f"iterations before the objective stopped improving by tol; "
                           f"increase max_iter", ConvergenceWarning, stacklevel=2)
         return self
+
+    def _save_factors(self, backend, program):
+        """Workers write their factor rows into a temporary store, renamed when complete;
+        return the factors as dask arrays over it."""
+        import os
+        import uuid
+
+        import dask.array as da
+        import zarr
+
+        path = os.path.abspath(os.fspath(self.factors_store))
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        try:
+            zarr.open_group(tmp, mode="w", zarr_format=3)
+            parts = sorted(backend.call_all("save_factors", tmp))
+            g = zarr.open_group(tmp, mode="a", zarr_format=3)
+            g.attrs.update({"mean": float(program.driver["mean"]), "n_partitions": len(parts),
+                            "user_starts": [p[1] for p in parts],
+                            "item_starts": [p[3] for p in parts], "complete": True})
+            if os.path.exists(path):
+                shutil.rmtree(path)
+            os.replace(tmp, path)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        W = da.concatenate([da.from_zarr(path, component=f"W/{p[0]:05d}") for p in parts])
+        H = da.concatenate([da.from_zarr(path, component=f"H/{p[0]:05d}") for p in parts])
+        return W, H
 
     # ------------------------------------------------------------------ prediction
     def _check_ids(self, ids, n, what):
@@ -304,7 +342,12 @@ class MatrixFactorization(BaseEstimator):
         i = self._check_ids(item_ids, self.n_items_, "item_ids")
         if len(u) != len(i):
             raise ValueError(f"user_ids and item_ids differ in length ({len(u)} != {len(i)})")
-        return K.predict_pairs(self.user_factors_, self.item_factors_, u, i, self.mean_)
+        W, H = self.user_factors_, self.item_factors_
+        if not isinstance(W, np.ndarray):  # dask arrays over a factors store: read the rows
+            uu, u = np.unique(u, return_inverse=True)
+            ii, i = np.unique(i, return_inverse=True)
+            W, H = np.asarray(W[uu]), np.asarray(H[ii])
+        return K.predict_pairs(W, H, u, i, self.mean_)
 
     def score(self, X, y=None):
         """Negative root-mean-square error on the ratings in ``X`` (higher is better).

@@ -370,3 +370,16 @@ class MFProgram(Program):
     def factors(self, st):
         """(first user, W rows, first item, H rows) of this partition."""
         return st["r0"], st["W"], st["c0"], st["H"]
+
+    def save_factors(self, st, path):
+        """Write this partition's W and H rows to ``path`` (a Zarr group) as arrays
+        ``W/<k>`` and ``H/<k>``, on the worker; return their positions."""
+        import zarr
+
+        g = zarr.open_group(path, mode="a", zarr_format=3)
+        for name, F in (("W", st["W"]), ("H", st["H"])):
+            rows = max(1, min(len(F), (16 << 20) // (8 * F.shape[1])))
+            a = g.create_array(f"{name}/{st['k']:05d}", shape=F.shape, dtype="float64",
+                               chunks=(rows, F.shape[1]), overwrite=True)
+            a[:] = F
+        return st["k"], st["r0"], len(st["W"]), st["c0"], len(st["H"])

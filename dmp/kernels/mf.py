@@ -24,26 +24,39 @@ def ccd_block_update(indptr, indices, res, F, k0, O, lam, delta):
     ``f_ik <- sum_j (e_ij + f_ik o_kj) o_kj / (lam_i + sum_j o_kj^2)`` over the row's
     entries, then ``e_ij -= (f_ik^new - f_ik) o_kj``.  Rows are independent given ``O``, so
     this equals a row-by-row serial sweep.  ``delta`` (n_local x B) receives the changes.
+    The residual update of coordinate k and the sums of coordinate k+1 share one pass.
     """
     n = indptr.shape[0] - 1
     B = O.shape[0]
     for i in range(n):
         a = indptr[i]
         b = indptr[i + 1]
+        w = F[i, k0]
+        num = 0.0
+        den = lam[i]
+        for p in range(a, b):
+            h = O[0, indices[p]]
+            num += (res[p] + w * h) * h
+            den += h * h
         for kk in range(B):
-            k = k0 + kk
-            w = F[i, k]
-            num = 0.0
-            den = lam[i]
-            for p in range(a, b):
-                h = O[kk, indices[p]]
-                num += (res[p] + w * h) * h
-                den += h * h
             new = num / den if den > 0.0 else 0.0
             d = new - w
             delta[i, kk] = d
-            if d != 0.0:
-                F[i, k] = new
+            F[i, k0 + kk] = new
+            if kk + 1 < B:
+                w = F[i, k0 + kk + 1]
+                num = 0.0
+                den = lam[i]
+                for p in range(a, b):
+                    j = indices[p]
+                    r = res[p]
+                    if d != 0.0:
+                        r -= d * O[kk, j]
+                        res[p] = r
+                    h = O[kk + 1, j]
+                    num += (r + w * h) * h
+                    den += h * h
+            elif d != 0.0:
                 for p in range(a, b):
                     res[p] -= d * O[kk, indices[p]]
 
