@@ -24,20 +24,36 @@ def _cmd_data_make(args) -> int:
     return 0
 
 
-def _cmd_data_convert(args) -> int:
-    from .io import convert_svmlight
+_SVMLIGHT_OPTS = {"shards": "--shards", "layout": "--layout", "n_features": "--n-features"}
+_RATINGS_OPTS = {"file_format": "--format", "split": "--split", "seed": "--seed",
+                 "duplicates": "--duplicates", "sep": "--sep"}
 
-    if args.format != "svmlight":
-        raise ValueError(f"unknown format {args.format!r}; known: svmlight")
-    ds = convert_svmlight(args.source, args.dest, n_shards=args.shards,
-                          n_features=args.n_features, overwrite=args.overwrite,
-                          layout=args.layout)
+
+def _cmd_data_convert(args) -> int:
+    from .io import convert_ratings, convert_svmlight
+
+    other = _RATINGS_OPTS if args.format == "svmlight" else _SVMLIGHT_OPTS
+    given = [flag for dest, flag in other.items() if getattr(args, dest) is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)}: not an option of {args.format} conversion")
+    if args.format == "svmlight":
+        ds = convert_svmlight(args.source, args.dest, n_shards=args.shards,
+                              n_features=args.n_features, overwrite=args.overwrite,
+                              layout=args.layout or "columns")
+    elif args.format == "ratings":
+        ds = convert_ratings(args.source, args.dest, format=args.file_format or "auto",
+                             split=args.split or (0.8, 0.1, 0.1),
+                             seed=0 if args.seed is None else args.seed,
+                             duplicates=args.duplicates or "error", sep=args.sep,
+                             overwrite=args.overwrite)
+    else:
+        raise ValueError(f"unknown format {args.format!r}; known: svmlight, ratings")
     print(ds)
     return 0
 
 
 def _cmd_data_info(args) -> int:
-    from .io import SparseRowDataset, open_dataset
+    from .io import RatingsDataset, SparseRowDataset, open_dataset
 
     ds = open_dataset(args.path)
     if args.validate:
@@ -46,7 +62,29 @@ def _cmd_data_info(args) -> int:
     if isinstance(ds, SparseRowDataset):
         print(f"kind: {ds.KIND}")
         print(f"row_bounds: {ds.row_bounds.tolist()}")
+    if isinstance(ds, RatingsDataset):
+        print(f"kind: {ds.KIND}")
+        print(f"shape: {ds.n_users} users x {ds.n_items} items")
+        print(f"splits: {', '.join(ds.splits)}")
+        for s in ds.splits:
+            print(f"nnz[{s}]: {ds.nnz_of(s)}")
+        lo_hi = "" if ds.rating_range is None else \
+            f", ratings in [{ds.rating_range[0]:g}, {ds.rating_range[1]:g}]"
+        print(f"duplicates: {ds.duplicates}{lo_hi}")
+        if args.validate:
+            print("validated: ok")
     return 0
+
+
+def _fractions(text: str) -> tuple[float, ...]:
+    try:
+        fr = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        fr = ()
+    if len(fr) != 3:
+        raise argparse.ArgumentTypeError(f"expected three comma-separated fractions "
+                                         f"train,valid,test (e.g. 0.8,0.1,0.1), got {text!r}")
+    return fr
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,14 +110,26 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--overwrite", action="store_true")
     m.set_defaults(func=_cmd_data_make)
     c = dsub.add_parser("convert", help="convert a file to a dmp Zarr dataset")
-    c.add_argument("format", choices=["svmlight"])
+    c.add_argument("format", choices=["svmlight", "ratings"],
+                   help="svmlight: LIBSVM file -> sparse store; ratings: user/item/rating "
+                        "file -> ratings store")
     c.add_argument("source")
     c.add_argument("dest")
-    c.add_argument("--shards", type=int, default=None)
-    c.add_argument("--layout", choices=["columns", "rows"], default="columns",
-                   help="shard by columns (model-parallel, default) or by rows "
+    c.add_argument("--shards", type=int, default=None, help="svmlight: number of shards")
+    c.add_argument("--layout", choices=["columns", "rows"], default=None,
+                   help="svmlight: shard by columns (model-parallel, default) or by rows "
                         "(data-parallel)")
-    c.add_argument("--n-features", type=int, default=None)
+    c.add_argument("--n-features", type=int, default=None, help="svmlight: columns")
+    c.add_argument("--format", dest="file_format",
+                   choices=["auto", "movielens", "csv", "triplets"], default=None,
+                   help="ratings: file format (default auto)")
+    c.add_argument("--split", type=_fractions, default=None,
+                   help="ratings: train,valid,test fractions (default 0.8,0.1,0.1)")
+    c.add_argument("--seed", type=int, default=None, help="ratings: split seed (default 0)")
+    c.add_argument("--duplicates", choices=["error", "mean", "last", "sum"], default=None,
+                   help="ratings: repeated (user, item) pairs (default error)")
+    c.add_argument("--sep", default=None,
+                   help="ratings: field delimiter (default sniffed; '\\t' or 'tab' for tab)")
     c.add_argument("--overwrite", action="store_true")
     c.set_defaults(func=_cmd_data_convert)
     i = dsub.add_parser("info", help="print a dataset's metadata")

