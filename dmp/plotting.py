@@ -44,8 +44,16 @@ def plot_convergence(histories: dict, *, path=None, ax=None, best=None):
                 title="objective (vs best seen)")
     axes[0].legend()
     if len(axes) > 1:
-        axes[1].set(xlabel="wall time (s)", ylabel="duality gap", title="duality gap")
-        axes[1].legend()
+        if any("dual_gap" in h for h in histories.values()):
+            axes[1].set(xlabel="wall time (s)", ylabel="duality gap", title="duality gap")
+            axes[1].legend()
+        else:  # no gap (e.g. matrix factorisation): the objective itself, log scale
+            for label, h in histories.items():
+                if len(h):
+                    axes[1].semilogy(np.asarray(h["time"]), np.asarray(h["objective"]),
+                                     label=label)
+            axes[1].set(xlabel="wall time (s)", ylabel="objective", title="objective")
+            axes[1].legend()
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=110)

@@ -140,3 +140,49 @@ def test_dmp_run_resume_after_a_crash(tmp_path, monkeypatch):
     assert main(["run", str(path), "--output", str(fresh_out), "--no-progress"]) == 0
     fresh = json.loads((fresh_out / "metrics.json").read_text())["runs"]["round_robin"]
     assert abs(resumed["objective"] - fresh["objective"]) <= 1e-9 * fresh["objective"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_dmp_run_mf_pipeline_on_a_converted_ratings_file(tmp_path, capsys):
+    """A MovieLens-format file (user::item::rating::timestamp) -> recipe -> ratings store
+    -> CCD++ and CCD on the embedded cluster -> RMSE curves, metrics, factors."""
+    rng = np.random.default_rng(0)
+    n_users, n_items, k = 300, 120, 3
+    U = rng.standard_normal((n_users, k))
+    V = rng.standard_normal((n_items, k))
+    pairs = rng.choice(n_users * n_items, 15_000, replace=False)
+    u, i = pairs // n_items, pairs % n_items
+    r = np.clip(np.round(3 + 0.5 * np.einsum("ij,ij->i", U[u], V[i])
+                         + 0.3 * rng.standard_normal(len(u)), 1), 1, 5)
+    lines = [f"{a + 1}::{b + 101}::{c:g}::97830{n}" for n, (a, b, c) in enumerate(zip(u, i, r))]
+    (tmp_path / "ratings.dat").write_text("\n".join(lines) + "\n")
+    (tmp_path / "recipe.yaml").write_text(
+        "name: tiny_ml\nconvert: ratings\nsource: ratings.dat\n"
+        "params: {format: movielens, split: [0.8, 0.1, 0.1], seed: 0}\n")
+    spec = (REPO / "pipelines" / "mf.yaml").read_text()
+    spec = spec.replace("dataset: ml100k", f"dataset: {tmp_path / 'recipe.yaml'}")
+    spec = spec.replace("max_iter: 50", "max_iter: 8").replace("n_components: 10",
+                                                               "n_components: 3")
+    path = tmp_path / "p.yaml"
+    path.write_text(spec)
+    out = tmp_path / "run"
+    assert main(["run", str(path), "--output", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "fitting MatrixFactorization (method=ccd++)" in printed
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["shape"] == [n_users, n_items] and set(m["runs"]) == {"ccd++", "ccd"}
+    sd = float(np.std(r))
+    for run in m["runs"].values():
+        assert 3 <= run["iterations"] <= 8  # tol 1e-5 may stop it early
+        # well below predicting the mean (about sd), and no better than the noise allows
+        assert 0.3 < run["test_rmse"] < 0.75 * sd
+        assert run["train_rmse"] <= run["valid_rmse"] + 0.05
+        assert run["bytes"]["pull"] > 0
+    g = zarr.open_group(str(out / "factors.zarr"), mode="r")
+    assert g["user_factors"].shape == (n_users, 3) and g["item_factors"].shape == (n_items, 3)
+    for png in ("rmse.png", "convergence.png"):
+        data = (out / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.yaml", "ratings.dat",
+                                                         "recipe.yaml", "run"]
