@@ -10,7 +10,7 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.S)
 
 
 def test_readme_has_the_examples():
-    assert len(BLOCKS) == 3
+    assert len(BLOCKS) == 4
     first_lines = "\n".join(README.splitlines()[:12])
     assert "bash .ci/install && .venv/bin/dmp run pipelines/lasso.yaml" in first_lines
     assert ".venv/bin/python -m pytest -q" in first_lines
@@ -36,6 +36,15 @@ def test_sparsified_example():
 
 def test_program_example():
     ns = {}
-    exec(BLOCKS[2], ns)
+    exec(BLOCKS[3], ns)
     np.testing.assert_allclose(ns["program"].driver["w"], np.arange(5.0), atol=1e-6)
     assert ns["result"].converged
+
+
+def test_mf_example():
+    ns = {}
+    exec(BLOCKS[2], ns)
+    mf = ns["mf"]
+    assert mf.user_factors_.shape == (2000, 10) and mf.item_factors_.shape == (500, 10)
+    assert -0.16 < mf.score(ns["R_test"]) < -0.1
+    assert np.all(np.diff(mf.history_["objective"][1:]) <= 1e-9 * mf.history_["objective"][2:])
