@@ -343,11 +343,21 @@ class MatrixFactorization(BaseEstimator):
         if len(u) != len(i):
             raise ValueError(f"user_ids and item_ids differ in length ({len(u)} != {len(i)})")
         W, H = self.user_factors_, self.item_factors_
-        if not isinstance(W, np.ndarray):  # dask arrays over a factors store: read the rows
-            uu, u = np.unique(u, return_inverse=True)
-            ii, i = np.unique(i, return_inverse=True)
-            W, H = np.asarray(W[uu]), np.asarray(H[ii])
-        return K.predict_pairs(W, H, u, i, self.mean_)
+        if isinstance(W, np.ndarray):
+            return K.predict_pairs(W, H, u, i, self.mean_)
+        # dask arrays over a factors store: read the needed rows here, batch by batch, with
+        # the threaded scheduler (not on the cluster: a batch may hold most of the model)
+        import dask
+
+        out = np.empty(len(u))
+        batch = max(1, (256 << 20) // (16 * W.shape[1]))
+        for s in range(0, len(u), batch):
+            uu, ui = np.unique(u[s:s + batch], return_inverse=True)
+            ii, ij = np.unique(i[s:s + batch], return_inverse=True)
+            Wb, Hb = dask.compute(W[uu], H[ii], scheduler="threads")
+            out[s:s + batch] = K.predict_pairs(np.asarray(Wb), np.asarray(Hb), ui, ij,
+                                               self.mean_)
+        return out
 
     def score(self, X, y=None):
         """Negative root-mean-square error on the ratings in ``X`` (higher is better).

@@ -127,8 +127,7 @@ class MFProgram(Program):
         info = self.round_info(round)
         update = {"kind": info["phase"]}
         if self.method == "ccd":
-            nxt = np.concatenate([p["next"] for p in partials], axis=0)  # (n_side, B')
-            update["next"] = np.ascontiguousarray(nxt.T)
+            update["next"] = np.concatenate([p["next"] for p in partials], axis=0)  # (n, B')
         elif "next_w" in partials[0]:
             update["w_next"] = np.concatenate([p["next_w"] for p in partials])
             update["h_next"] = np.concatenate([p["next_h"] for p in partials])
@@ -146,8 +145,7 @@ class MFProgram(Program):
             vloss = vsq - 2.0 * mean * vs + dr["nnz_valid"] * mean * mean
         else:
             if self.method == "ccd":
-                d = np.concatenate([p["delta"] for p in partials], axis=0)
-                update["delta"] = np.ascontiguousarray(d.T)
+                update["delta"] = np.concatenate([p["delta"] for p in partials], axis=0)
                 update["k"] = (info["k0"], info["k1"])
             else:
                 update["f"] = np.concatenate([p["f"] for p in partials])

@@ -4,9 +4,9 @@ Conventions: a *local* sparse block is CSR over the rows this worker owns (or CS
 columns, which is the same thing with the roles of users and items swapped): ``indptr``
 (int64), ``indices`` (int32, ids of the *other* side) and the residual ``res`` (float64,
 ``r_ij - w_i.h_j``), updated in place.  Own factors are ``F`` (n_local x K, row per owned
-user or item); the other side's factors arrive as a block ``O`` (B x n_other) holding
-rows ``k0 .. k0+B-1`` of that factor matrix, transposed, so that one coordinate is one
-contiguous vector.
+user or item); the other side's factors arrive as a block ``O`` (n_other x B) holding its
+coordinates ``k0 .. k0+B-1``, so that the block of one user or item is contiguous (one or two
+cache lines per stored entry, whatever B is).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def ccd_block_update(indptr, indices, res, F, k0, O, lam, delta):
     The residual update of coordinate k and the sums of coordinate k+1 share one pass.
     """
     n = indptr.shape[0] - 1
-    B = O.shape[0]
+    B = O.shape[1]
     for i in range(n):
         a = indptr[i]
         b = indptr[i + 1]
@@ -35,7 +35,7 @@ def ccd_block_update(indptr, indices, res, F, k0, O, lam, delta):
         num = 0.0
         den = lam[i]
         for p in range(a, b):
-            h = O[0, indices[p]]
+            h = O[indices[p], 0]
             num += (res[p] + w * h) * h
             den += h * h
         for kk in range(B):
@@ -51,31 +51,31 @@ def ccd_block_update(indptr, indices, res, F, k0, O, lam, delta):
                     j = indices[p]
                     r = res[p]
                     if d != 0.0:
-                        r -= d * O[kk, j]
+                        r -= d * O[j, kk]
                         res[p] = r
-                    h = O[kk + 1, j]
+                    h = O[j, kk + 1]
                     num += (r + w * h) * h
                     den += h * h
             elif d != 0.0:
                 for p in range(a, b):
-                    res[p] -= d * O[kk, indices[p]]
+                    res[p] -= d * O[indices[p], kk]
 
 
 @njit(cache=True, nogil=True)
 def subtract_lowrank(indptr, indices, res, X, xk0, Y):
-    """``res_ij -= sum_kk X[i, xk0+kk] * Y[kk, j]`` for every stored entry (kk in order).
+    """``res_ij -= sum_kk X[i, xk0+kk] * Y[j, kk]`` for every stored entry (kk in order).
 
     Brings a residual up to date after the other side changed (``Y`` = its deltas) or after
     this side changed (``X`` = own deltas, ``Y`` = the other side's block).
     """
     n = indptr.shape[0] - 1
-    B = Y.shape[0]
+    B = Y.shape[1]
     for i in range(n):
         for p in range(indptr[i], indptr[i + 1]):
             j = indices[p]
             r = res[p]
             for kk in range(B):
-                r -= X[i, xk0 + kk] * Y[kk, j]
+                r -= X[i, xk0 + kk] * Y[j, kk]
             res[p] = r
 
 
