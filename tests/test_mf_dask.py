@@ -26,8 +26,8 @@ def test_dask_matches_local_exactly(dask_client, method):
 
 
 def test_store_on_more_partitions_than_workers_and_bounded_broadcasts(dask_client, tmp_path):
-    """Read from a store by the workers; each round broadcasts one factor column (CCD++),
-    never a whole factor matrix, and each partition owns only its users and items."""
+    """Read from a store by the workers; each round moves one item column and the items'
+    partial sums (CCD++), never a whole factor matrix."""
     tr, te = low_rank_ratings(n=200, m=150, k=3, density=0.2, seed=9)
     u = np.concatenate([tr.row, te.row])
     i = np.concatenate([tr.col, te.col])
@@ -41,14 +41,14 @@ def test_store_on_more_partitions_than_workers_and_bounded_broadcasts(dask_clien
     np.testing.assert_array_equal(remote.user_factors_, local.user_factors_)
     np.testing.assert_array_equal(remote.history_["valid_rmse"], local.history_["valid_rmse"])
     h = remote.history_
-    assert h["push_s"].shape == (1 + 3 * 2 * k, P)
+    assert h["push_s"].shape == (1 + 3 * k, P)  # one round per feature
     n_users, n_items = tr.shape
-    # per round: at most one column of W and one row of H (+ the next ones at a feature
-    # boundary) to each of the P partitions, plus small metadata
+    # per round: the item column just solved (and the next feature's at a feature boundary)
+    # to each of the P partitions; each partition pushes its items' partial sums
     per_round = h["bytes_pull"][1:]
-    whole_factors = 8 * k * (n_users + n_items)
-    assert per_round.max() <= P * 8 * 2 * (n_users + n_items) + 4096
-    assert per_round.max() < whole_factors
+    assert per_round.max() <= P * 8 * 2 * n_items + 4096
+    assert per_round.max() < 8 * k * (n_users + n_items)  # never the whole factors
+    assert h["bytes_push"][1:].max() <= P * (8 * 7 * n_items + 4096)
 
 
 def test_ccd_blocks_limit_what_is_in_flight(dask_client):

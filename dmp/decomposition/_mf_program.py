@@ -1,24 +1,26 @@
-"""STRADS matrix factorisation as a schedule / push / pull program (CCD and CCD++).
+"""STRADS matrix factorisation as schedule / push / pull programs (CCD and CCD++).
 
-Model partitioning (as in STRADS' ``cdmf`` code): worker p owns a contiguous range of users
-(rows of W) and a contiguous range of items (columns of H, stored as rows of ``H`` here),
-both balanced by rating count.  It holds the ratings of its users (CSR, "row copy") and of
-its items (CSC, "column copy"), each with its own residual array.  The round-robin schedule
-walks over blocks of the K factor coordinates:
+Both partition the model the same way: worker p owns a contiguous range of users (rows of W)
+and a contiguous range of items (rows of H), each balanced by rating count.  No worker and
+not the driver ever holds a whole factor matrix: a round moves one coordinate block (CCD) or
+one factor column (CCD++).  Every round's objective
+``sum (r - mu - w.h)^2 + alpha (sum_i c_i |w_i|^2 + sum_j c_j |h_j|^2)`` is exact.
 
-* **CCD** (``method="ccd"``), one round per (half, coordinate block): in a W round every
-  worker runs exact CCD on coordinates ``k0..k1`` of its own users against the broadcast
-  block ``H[k0:k1, :]`` and pushes the changes of its W block; pull concatenates them and
-  broadcasts them with the factor block the next round needs; ``apply`` brings the column
-  copy's residuals up to date.  H rounds are symmetric.  Rows of W are independent given H,
-  so this is exactly serial CCD in the same order, and a worker never holds more of the
-  other factor than one block (``block_size`` x (n_users + n_items) values).
-* **CCD++** (``method="ccd++"``): one round per (feature, inner pass, half); the broadcast
-  is one factor column (n_users or n_items values), so the rank is bounded by the partitions'
-  memory, not by one worker's.
-
-Every round's objective ``sum (r - w.h)^2 + alpha (|W|^2 + |H|^2)`` is exact: in W rounds the
-row copies are current, in H rounds the column copies.
+* **CCD** (`CCDProgram`, STRADS' released ``cdmf`` scheme): worker p also holds the ratings
+  of its users (CSR, "row copy") and of its items (CSC, "column copy"), each with its own
+  residuals.  The round-robin schedule walks over blocks of the K coordinates: in a W round
+  every worker runs exact CCD on coordinates ``k0..k1`` of its users against the broadcast
+  block ``H[:, k0:k1]`` and pushes the changes of its W block; pull concatenates them and
+  broadcasts them with the block the next round needs; ``apply`` brings the column copy's
+  residuals up to date.  H rounds are symmetric.  Rows of W are independent given H, so this
+  is exactly serial CCD in the same order.
+* **CCD++** (`CCDPPProgram`, the paper-level push/pull of ALGORITHMS.md 1.5): only the row
+  copy is kept.  One round per feature t (and inner pass): every worker updates ``w_t`` of its
+  users against the broadcast ``h_t`` and pushes the items' partial sums
+  ``(sum_i e^_ij w_i, sum_i w_i^2, sum_i e^_ij^2)``; pull adds them and solves the item update
+  ``h_t = num / (lambda + den)`` (and the exact loss), then broadcasts ``h_t``.  The rank-one
+  bookkeeping of CCD++ (remove the finished feature's term, add the next one's) is fused into
+  the next round's pass over the ratings.
 """
 
 from __future__ import annotations
@@ -41,66 +43,42 @@ def auto_block_size(n_components: int, n_users: int, n_items: int) -> int:
     return int(max(1, min(n_components, AUTO_BLOCK_BYTES // per)))
 
 
-class MFProgram(Program):
-    """Block-parallel CCD / CCD++ for ``min sum_(i,j) (r_ij - mu - w_i.h_j)^2
-    + alpha (sum_i c_i |w_i|^2 + sum_j c_j |h_j|^2)`` (``c = 1``, or the rating counts with
-    ``reg_scaling="count"``; ``mu`` the training mean when centring, else 0)."""
+def MFProgram(dataset, *, method="ccd++", **kwargs):
+    """The program for ``method`` ("ccd" or "ccd++")."""
+    if method == "ccd":
+        return CCDProgram(dataset, **kwargs)
+    if method == "ccd++":
+        kwargs.pop("block_size", None)
+        return CCDPPProgram(dataset, **kwargs)
+    raise ValueError(f"unknown method {method!r}; use 'ccd' or 'ccd++'")
+
+
+class _MFBase(Program):
+    """What both methods share: partitions, the init round, metrics, stopping, state."""
 
     name = "mf"
+    method = ""
     gather_partitions = False
+    #: per-partition arrays saved in checkpoints
+    _STATE: tuple = ()
+    #: driver entries saved in checkpoints
+    _DRIVER = ("mean", "objective", "prev_objective", "iteration", "converged", "nnz",
+               "nnz_valid")
 
-    def __init__(self, dataset, *, n_components, alpha, method="ccd++", n_inner=1,
-                 block_size=None, center=True, reg_scaling="none", tol=1e-4, seed=0):
+    def __init__(self, dataset, *, n_components, alpha, n_inner=1, center=True,
+                 reg_scaling="none", tol=1e-4, seed=0):
         super().__init__()
         self.dataset = dataset
         self.K = int(n_components)
         self.alpha = float(alpha)
-        self.method = method
         self.n_inner = int(n_inner)
-        self.block_size = int(block_size or self.K)
         self.center = bool(center)
         self.reg_scaling = reg_scaling
         self.tol = tol
         self.seed = int(seed)
         self.has_valid = "valid" in tuple(getattr(dataset, "splits", ("train",)))
-        if method == "ccd":
-            kb = list(range(0, self.K, self.block_size)) + [self.K]
-            self.block_bounds = np.asarray(kb, dtype=np.int64)
-            self.rounds_per_iter = 2 * (len(kb) - 1)
-        elif method == "ccd++":
-            self.block_bounds = np.arange(self.K + 1, dtype=np.int64)
-            self.rounds_per_iter = 2 * self.K * self.n_inner
-        else:
-            raise ValueError(f"unknown method {method!r}; use 'ccd' or 'ccd++'")
 
-    # ------------------------------------------------------------------ schedule
-    def round_info(self, round: int) -> dict:
-        """What round ``round`` does (a pure function of the round number)."""
-        if round == 0:
-            return {"phase": "init", "iteration": 0}
-        idx = round - 1
-        it, pos = divmod(idx, self.rounds_per_iter)
-        if self.method == "ccd":
-            nb = len(self.block_bounds) - 1
-            half, b = divmod(pos, nb)
-            phase = "W" if half == 0 else "H"
-            return {"phase": phase, "iteration": it + 1, "block": b,
-                    "k0": int(self.block_bounds[b]), "k1": int(self.block_bounds[b + 1]),
-                    "end": pos == self.rounds_per_iter - 1}
-        t, rest = divmod(pos, 2 * self.n_inner)
-        s, half = divmod(rest, 2)
-        return {"phase": "W" if half == 0 else "H", "iteration": it + 1, "t": t, "pass": s,
-                "feature_end": half == 1 and s == self.n_inner - 1,
-                "end": pos == self.rounds_per_iter - 1}
-
-    def _next_block(self, round: int):
-        """(side, k0, k1): the own-factor block each worker pushes for round + 1."""
-        nxt = self.round_info(round + 1)
-        side = "H" if nxt["phase"] == "W" else "W"  # a W round needs H's block and v.v.
-        if self.method == "ccd":
-            return side, nxt["k0"], nxt["k1"]
-        return side, nxt["t"], nxt["t"] + 1
-
+    # ------------------------------------------------------------------ driver side
     def partition_specs(self, n_partitions: int) -> list:
         ds = self.dataset
         n_users, n_items = ds.shape
@@ -118,42 +96,24 @@ class MFProgram(Program):
                             "nnz": 0, "nnz_valid": 0, "metrics": {}})
 
     def schedule(self, round: int) -> list:
-        plan = self.round_info(round)
-        plan["next"] = self._next_block(round)
-        return [plan] * self.driver["n_partitions"]
+        return [self.round_info(round)] * self.driver["n_partitions"]
 
-    def pull(self, round: int, partials: list):
+    def _init_pull(self, partials, update) -> tuple[float, float]:
+        """Counts and the mean from the init round; returns the starting (loss, vloss)."""
         dr = self.driver
-        info = self.round_info(round)
-        update = {"kind": info["phase"]}
-        if self.method == "ccd":
-            update["next"] = np.concatenate([p["next"] for p in partials], axis=0)  # (n, B')
-        elif "next_w" in partials[0]:
-            update["w_next"] = np.concatenate([p["next_w"] for p in partials])
-            update["h_next"] = np.concatenate([p["next_h"] for p in partials])
-        if info["phase"] == "init":
-            dr["nnz"] = int(sum(p["count"] for p in partials))
-            dr["nnz_valid"] = int(sum(p["count_valid"] for p in partials))
-            total = float(sum(p["sum"] for p in partials))
-            mean = total / dr["nnz"] if (self.center and dr["nnz"]) else 0.0
-            dr["mean"] = mean
-            update["mean"] = mean
-            sq = float(sum(p["sumsq"] for p in partials))
-            loss = sq - 2.0 * mean * total + dr["nnz"] * mean * mean
-            vs = float(sum(p["sum_valid"] for p in partials))
-            vsq = float(sum(p["sumsq_valid"] for p in partials))
-            vloss = vsq - 2.0 * mean * vs + dr["nnz_valid"] * mean * mean
-        else:
-            if self.method == "ccd":
-                update["delta"] = np.concatenate([p["delta"] for p in partials], axis=0)
-                update["k"] = (info["k0"], info["k1"])
-            else:
-                update["f"] = np.concatenate([p["f"] for p in partials])
-                update["t"] = info["t"]
-                update["feature_end"] = info["feature_end"]
-            loss = float(sum(p["loss"] for p in partials))
-            vloss = float(sum(p["loss_valid"] for p in partials))
-        reg = float(sum(p["reg"] for p in partials))
+        dr["nnz"] = int(sum(p["count"] for p in partials))
+        dr["nnz_valid"] = int(sum(p["count_valid"] for p in partials))
+        total = float(sum(p["sum"] for p in partials))
+        mean = total / dr["nnz"] if (self.center and dr["nnz"]) else 0.0
+        dr["mean"] = update["mean"] = mean
+        sq = float(sum(p["sumsq"] for p in partials))
+        vs = float(sum(p["sum_valid"] for p in partials))
+        vsq = float(sum(p["sumsq_valid"] for p in partials))
+        return (sq - 2.0 * mean * total + dr["nnz"] * mean * mean,
+                vsq - 2.0 * mean * vs + dr["nnz_valid"] * mean * mean)
+
+    def _record(self, info, loss, vloss, reg) -> None:
+        dr = self.driver
         objective = loss + reg
         dr["objective"] = objective
         dr["iteration"] = info["iteration"]
@@ -167,7 +127,6 @@ class MFProgram(Program):
             if self.tol is not None and np.isfinite(prev) and prev > 0:
                 dr["converged"] = (prev - objective) <= self.tol * prev
             dr["prev_objective"] = objective
-        return Broadcast(update)
 
     def metrics(self) -> dict:
         return dict(self.driver["metrics"])
@@ -183,9 +142,7 @@ class MFProgram(Program):
         return bool(self.driver["converged"])
 
     def driver_state(self) -> dict:
-        dr = self.driver
-        return {k: dr[k] for k in ("mean", "objective", "prev_objective", "iteration",
-                                   "converged", "nnz", "nnz_valid")}
+        return {k: self.driver[k] for k in self._DRIVER}
 
     def load_driver_state(self, state: dict) -> None:
         for k, v in state.items():
@@ -196,168 +153,41 @@ class MFProgram(Program):
 
     # ------------------------------------------------------------------ worker side
     def _load(self, what, a, b, split):
+        if split == "valid" and not self.has_valid:
+            return (np.zeros(b - a + 1, np.int64), np.zeros(0, np.int32), np.zeros(0))
         indptr, indices, data = (self.dataset.load_rows(a, b, split) if what == "rows"
                                  else self.dataset.load_cols(a, b, split))
         return (np.ascontiguousarray(indptr, dtype=np.int64),
                 np.ascontiguousarray(indices, dtype=np.int32),
                 np.ascontiguousarray(data, dtype=np.float64))
 
-    def _empty(self, n):
-        return (np.zeros(n + 1, np.int64), np.zeros(0, np.int32), np.zeros(0))
+    def _lam(self, indptr, n):
+        if self.reg_scaling == "count":
+            return self.alpha * np.diff(indptr).astype(np.float64)
+        return np.full(n, self.alpha)
 
-    def init_partition(self, spec):
+    def _init_common(self, spec):
         (r0, r1), (c0, c1) = spec["rows"], spec["cols"]
-        nr, nc = r1 - r0, c1 - c0
         st = {"k": spec["k"], "r0": r0, "c0": c0}
         st["rows"] = self._load("rows", r0, r1, "train")
-        st["cols"] = self._load("cols", c0, c1, "train")
-        st["vrows"] = self._load("rows", r0, r1, "valid") if self.has_valid else self._empty(nr)
-        st["vcols"] = self._load("cols", c0, c1, "valid") if self.has_valid else self._empty(nc)
-        for key, res in (("rows", "er"), ("cols", "ec"), ("vrows", "evr"), ("vcols", "evc")):
-            st[res] = st[key][2].copy()
-        if self.reg_scaling == "count":
-            st["lam_rows"] = self.alpha * np.diff(st["rows"][0]).astype(np.float64)
-            st["lam_cols"] = self.alpha * np.diff(st["cols"][0]).astype(np.float64)
-        else:
-            st["lam_rows"] = np.full(nr, self.alpha)
-            st["lam_cols"] = np.full(nc, self.alpha)
+        st["vrows"] = self._load("rows", r0, r1, "valid")
+        st["er"] = st["rows"][2].copy()
+        st["evr"] = st["vrows"][2].copy()
+        st["lam_rows"] = self._lam(st["rows"][0], r1 - r0)
         # STRADS initialisation: W = 0, H ~ U(0, 1), keyed by item id (partition-free)
-        st["W"] = np.zeros((nr, self.K))
-        st["H"] = K.uniform_init(self.seed, 1, c0, nc, self.K)
+        st["W"] = np.zeros((r1 - r0, self.K))
+        st["H"] = K.uniform_init(self.seed, 1, c0, c1 - c0, self.K)
         st["regW"] = 0.0
-        st["regH"] = float(np.dot(st["lam_cols"], np.einsum("ij,ij->i", st["H"], st["H"])))
-        st["O"] = np.zeros((0, 0))  # CCD: the other side's block for the next push
-        st["wfull"] = np.zeros(0)   # CCD++: the current feature's column of W (all users)
-        st["hfull"] = np.zeros(0)   # CCD++: ... and its row of H (all items)
-        st["pend"] = np.array([-2, -2], dtype=np.int64)  # CCD++ swaps due on rows / cols
-        st["h_out"] = st["w_out"] = st["w_in"] = np.zeros(0)
         return st
 
-    def _own_block(self, st, side, a, b):
-        F = st["W"] if side == "W" else st["H"]
-        return np.ascontiguousarray(F[:, a:b])
-
-    def push(self, st, plan):
-        phase = plan["phase"]
-        out = {}
-        if self.method == "ccd":
-            out["next"] = self._own_block(st, *plan["next"])
-        elif phase == "init" or plan.get("feature_end"):
-            _, t, _ = plan["next"]
-            out["next_w"] = st["W"][:, t].copy()
-            out["next_h"] = st["H"][:, t].copy()
-        if phase == "init":
-            d, vd = st["rows"][2], st["vrows"][2]
-            out.update(count=len(d), sum=float(d.sum()), sumsq=float(d @ d),
-                       count_valid=len(vd), sum_valid=float(vd.sum()),
-                       sumsq_valid=float(vd @ vd))
-        elif self.method == "ccd":
-            self._ccd_push(st, plan, out)
-        else:
-            self._ccdpp_push(st, plan, out)
-        out["reg"] = st["regW"] + st["regH"]
-        return out
-
-    def _ccd_push(self, st, plan, out):
-        k0, k1 = plan["k0"], plan["k1"]
-        if plan["phase"] == "W":
-            data, vdata, res, vres, F, lam, rk = "rows", "vrows", "er", "evr", "W", "lam_rows", "regW"
-        else:
-            data, vdata, res, vres, F, lam, rk = "cols", "vcols", "ec", "evc", "H", "lam_cols", "regH"
-        indptr, indices, _ = st[data]
-        O = st["O"]
-        delta = np.empty((indptr.shape[0] - 1, k1 - k0))
-        K.ccd_block_update(indptr, indices, st[res], st[F], k0, O, st[lam], delta)
-        vp, vi, _ = st[vdata]
-        K.subtract_lowrank(vp, vi, st[vres], delta, 0, O)
-        new = st[F][:, k0:k1]
-        st[rk] += float(st[lam] @ np.einsum("ij,ij->i", delta, 2.0 * new - delta))
-        out["delta"] = delta
-        out["loss"] = float(st[res] @ st[res])
-        out["loss_valid"] = float(st[vres] @ st[vres])
-
-    def _ccdpp_push(self, st, plan, out):
-        t = plan["t"]
-        if plan["phase"] == "W":
-            side = ("rows", "vrows", "er", "evr", "W", "lam_rows", "regW", 0)
-            o = st["hfull"]
-        else:
-            side = ("cols", "vcols", "ec", "evc", "H", "lam_cols", "regH", 1)
-            o = st["wfull"]
-        data, vdata, res, vres, F, lam, rk, s = side
-        indptr, indices, _ = st[data]
-        vp, vi, _ = st[vdata]
-        n_local = indptr.shape[0] - 1
-        f = np.empty(n_local)
-        old = st[F][:, t].copy()
-        t_out = int(st["pend"][s])
-        if t_out == -2:  # nothing to swap: a later inner pass of this feature
-            loss = K.rank1_update(indptr, indices, st[res], st[lam], o, f)
-            loss_valid = K.rank1_loss(vp, vi, st[vres], f, o)
-        else:
-            # the pending swap (close feature t_out, open t) fused into this pass
-            f_out = np.zeros(n_local) if t_out == -1 else st[F][:, t_out].copy()
-            o_out, o_in = (st["h_out"], o) if s == 0 else (st["w_out"], st["w_in"])
-            loss = K.swap_rank1_update(indptr, indices, st[res], f_out, o_out, old, o_in, o,
-                                       st[lam], f)
-            loss_valid = K.swap_rank1_loss(vp, vi, st[vres], f_out, o_out, old, o_in, f, o)
-            st["pend"][s] = -2
-        st[F][:, t] = f
-        st[rk] += float(st[lam] @ (f * f - old * old))
-        out["f"] = f
-        out["loss"] = loss
-        out["loss_valid"] = loss_valid
-
-    def apply(self, st, update) -> None:
-        kind = update["kind"]
-        if kind == "init":
-            mu = update["mean"]
-            if mu != 0.0:
-                for res in ("er", "ec", "evr", "evc"):
-                    st[res] -= mu
-            if self.method == "ccd":
-                st["O"] = update["next"]
-            else:  # open feature 0 (its term is added back by the next pushes)
-                self._open(st, -1, update, np.zeros(len(update["h_next"])),
-                           np.zeros(len(update["w_next"])))
-            return
-        if self.method == "ccd":
-            k0, _ = update["k"]
-            delta = update["delta"]
-            if kind == "W":  # users changed: bring the column copies up to date
-                for data, res in (("cols", "ec"), ("vcols", "evc")):
-                    indptr, indices, _ = st[data]
-                    K.subtract_lowrank(indptr, indices, st[res], st["H"], k0, delta)
-            else:
-                for data, res in (("rows", "er"), ("vrows", "evr")):
-                    indptr, indices, _ = st[data]
-                    K.subtract_lowrank(indptr, indices, st[res], st["W"], k0, delta)
-            st["O"] = update["next"]
-            return
-        if kind == "W":
-            st["wfull"] = update["f"]
-        elif update["feature_end"]:
-            # feature t is done: its new term leaves the residuals, the next one's enters,
-            # both fused into the next push on each side
-            self._open(st, update["t"], update, update["f"], st["wfull"])
-        else:
-            st["hfull"] = update["f"]
-
-    def _open(self, st, t_out, update, h_out, w_out):
-        """Record the pending residual swap (close ``t_out``, -1: nothing; open the next
-        feature, whose full columns are in ``update``)."""
-        st["pend"] = np.array([t_out, t_out], dtype=np.int64)
-        st["h_out"], st["w_out"] = h_out, w_out
-        st["w_in"] = update["w_next"]
-        st["wfull"], st["hfull"] = update["w_next"], update["h_next"]
-
-    # ------------------------------------------------------------------ state
-    _STATE = ("W", "H", "er", "ec", "evr", "evc", "O", "wfull", "hfull", "pend", "h_out",
-              "w_out", "w_in")
+    def _init_stats(self, st, out) -> None:
+        d, vd = st["rows"][2], st["vrows"][2]
+        out.update(count=len(d), sum=float(d.sum()), sumsq=float(d @ d), count_valid=len(vd),
+                   sum_valid=float(vd.sum()), sumsq_valid=float(vd @ vd))
 
     def partition_arrays(self, st) -> dict:
         out = {k: st[k] for k in self._STATE}
-        out["reg"] = np.array([st["regW"], st["regH"]])
+        out["reg"] = np.array([st["regW"], st.get("regH", 0.0)])
         return out
 
     def restore_partition(self, st, arrays: dict) -> None:
@@ -381,3 +211,240 @@ class MFProgram(Program):
                                chunks=(rows, F.shape[1]), overwrite=True)
             a[:] = F
         return st["k"], st["r0"], len(st["W"]), st["c0"], len(st["H"])
+
+
+class CCDProgram(_MFBase):
+    """Exact cyclic coordinate descent, ``block_size`` coordinates per round (see module)."""
+
+    method = "ccd"
+    _STATE = ("W", "H", "er", "ec", "evr", "evc", "O")
+
+    def __init__(self, dataset, *, block_size=None, **kwargs):
+        super().__init__(dataset, **kwargs)
+        self.block_size = int(block_size or self.K)
+        kb = list(range(0, self.K, self.block_size)) + [self.K]
+        self.block_bounds = np.asarray(kb, dtype=np.int64)
+        self.rounds_per_iter = 2 * (len(kb) - 1)
+
+    def round_info(self, round: int) -> dict:
+        """What round ``round`` does (a pure function of the round number)."""
+        if round == 0:
+            info = {"phase": "init", "iteration": 0}
+        else:
+            it, pos = divmod(round - 1, self.rounds_per_iter)
+            nb = len(self.block_bounds) - 1
+            half, b = divmod(pos, nb)
+            info = {"phase": "W" if half == 0 else "H", "iteration": it + 1, "block": b,
+                    "k0": int(self.block_bounds[b]), "k1": int(self.block_bounds[b + 1]),
+                    "end": pos == self.rounds_per_iter - 1}
+        return info
+
+    def schedule(self, round: int) -> list:
+        plan = self.round_info(round)
+        nxt = self.round_info(round + 1)
+        # a W round needs H's block and vice versa: each worker pushes its own part of it
+        plan["next"] = ("H" if nxt["phase"] == "W" else "W", nxt["k0"], nxt["k1"])
+        return [plan] * self.driver["n_partitions"]
+
+    def pull(self, round: int, partials: list):
+        info = self.round_info(round)
+        update = {"kind": info["phase"],
+                  "next": np.concatenate([p["next"] for p in partials], axis=0)}  # (n, B')
+        if info["phase"] == "init":
+            loss, vloss = self._init_pull(partials, update)
+        else:
+            update["delta"] = np.concatenate([p["delta"] for p in partials], axis=0)
+            update["k"] = (info["k0"], info["k1"])
+            loss = float(sum(p["loss"] for p in partials))
+            vloss = float(sum(p["loss_valid"] for p in partials))
+        self._record(info, loss, vloss, float(sum(p["reg"] for p in partials)))
+        return Broadcast(update)
+
+    def init_partition(self, spec):
+        st = self._init_common(spec)
+        c0, c1 = spec["cols"]
+        st["cols"] = self._load("cols", c0, c1, "train")
+        st["vcols"] = self._load("cols", c0, c1, "valid")
+        st["ec"] = st["cols"][2].copy()
+        st["evc"] = st["vcols"][2].copy()
+        st["lam_cols"] = self._lam(st["cols"][0], c1 - c0)
+        st["regH"] = float(st["lam_cols"] @ np.einsum("ij,ij->i", st["H"], st["H"]))
+        st["O"] = np.zeros((0, 0))  # the other side's block for the next push
+        return st
+
+    def push(self, st, plan):
+        side, a, b = plan["next"]
+        out = {"next": np.ascontiguousarray((st["W"] if side == "W" else st["H"])[:, a:b])}
+        if plan["phase"] == "init":
+            self._init_stats(st, out)
+        else:
+            k0, k1 = plan["k0"], plan["k1"]
+            if plan["phase"] == "W":
+                data, vdata, res, vres, F, lam, rk = ("rows", "vrows", "er", "evr", "W",
+                                                      "lam_rows", "regW")
+            else:
+                data, vdata, res, vres, F, lam, rk = ("cols", "vcols", "ec", "evc", "H",
+                                                      "lam_cols", "regH")
+            indptr, indices, _ = st[data]
+            O = st["O"]
+            delta = np.empty((indptr.shape[0] - 1, k1 - k0))
+            K.ccd_block_update(indptr, indices, st[res], st[F], k0, O, st[lam], delta)
+            vp, vi, _ = st[vdata]
+            K.subtract_lowrank(vp, vi, st[vres], delta, 0, O)
+            new = st[F][:, k0:k1]
+            st[rk] += float(st[lam] @ np.einsum("ij,ij->i", delta, 2.0 * new - delta))
+            out["delta"] = delta
+            out["loss"] = float(st[res] @ st[res])
+            out["loss_valid"] = float(st[vres] @ st[vres])
+        out["reg"] = st["regW"] + st["regH"]
+        return out
+
+    def apply(self, st, update) -> None:
+        kind = update["kind"]
+        if kind == "init":
+            mu = update["mean"]
+            if mu != 0.0:
+                for res in ("er", "ec", "evr", "evc"):
+                    st[res] -= mu
+        else:
+            k0, _ = update["k"]
+            delta = update["delta"]
+            if kind == "W":  # users changed: bring the column copies up to date
+                pairs, F = (("cols", "ec"), ("vcols", "evc")), st["H"]
+            else:
+                pairs, F = (("rows", "er"), ("vrows", "evr")), st["W"]
+            for data, res in pairs:
+                indptr, indices, _ = st[data]
+                K.subtract_lowrank(indptr, indices, st[res], F, k0, delta)
+        st["O"] = update["next"]
+
+
+class CCDPPProgram(_MFBase):
+    """CCD++ with push/pull of the items' partial sums (see module)."""
+
+    method = "ccd++"
+    _STATE = ("W", "H", "er", "evr", "pend", "h_out", "hfull")
+    _DRIVER = _MFBase._DRIVER + ("regH", "lam_cols")
+
+    def __init__(self, dataset, **kwargs):
+        super().__init__(dataset, **kwargs)
+        self.block_size = 1
+        self.rounds_per_iter = self.K * self.n_inner
+
+    def round_info(self, round: int) -> dict:
+        """What round ``round`` does (a pure function of the round number)."""
+        if round == 0:
+            return {"phase": "init", "iteration": 0, "t": 0}
+        it, pos = divmod(round - 1, self.rounds_per_iter)
+        t, s = divmod(pos, self.n_inner)
+        return {"phase": "WH", "iteration": it + 1, "t": t, "pass": s,
+                "feature_end": s == self.n_inner - 1, "next_t": (t + 1) % self.K,
+                "end": pos == self.rounds_per_iter - 1}
+
+    def _gather_items(self, partials, key) -> np.ndarray:
+        return np.concatenate([p[key] for p in partials])
+
+    def pull(self, round: int, partials: list):
+        dr = self.driver
+        info = self.round_info(round)
+        update = {"kind": info["phase"]}
+        if info["phase"] == "init":
+            loss, vloss = self._init_pull(partials, update)
+            counts = np.sum([p["item_counts"] for p in partials], axis=0)
+            dr["lam_cols"] = (self.alpha * counts if self.reg_scaling == "count"
+                              else np.full(len(counts), self.alpha))
+            dr["regH"] = float(dr["lam_cols"] @ self._gather_items(partials, "h_sqnorm"))
+            update["h"] = self._gather_items(partials, "h_t")
+            self._record(info, loss, vloss, dr["regH"])
+            return Broadcast(update)
+        num = np.sum([p["num"] for p in partials], axis=0)
+        den = np.sum([p["den"] for p in partials], axis=0)
+        sq = np.sum([p["sq"] for p in partials], axis=0)
+        d = dr["lam_cols"] + den
+        h = np.divide(num, d, out=np.zeros_like(num), where=d > 0)
+        h_old = self._gather_items(partials, "h_t")
+        dr["regH"] += float(dr["lam_cols"] @ (h * h - h_old * h_old))
+        loss = float(np.sum(sq - 2.0 * h * num + h * h * den))
+        if dr["nnz_valid"]:
+            vn = np.sum([p["vnum"] for p in partials], axis=0)
+            vd = np.sum([p["vden"] for p in partials], axis=0)
+            vs = np.sum([p["vsq"] for p in partials], axis=0)
+            vloss = float(np.sum(vs - 2.0 * h * vn + h * h * vd))
+        else:
+            vloss = 0.0
+        update.update(t=info["t"], h=h, feature_end=info["feature_end"])
+        dr["last_h"] = (info["t"], h)  # the item column just solved (applied next round)
+        if info["feature_end"]:
+            update["h_next"] = (h if info["next_t"] == info["t"]
+                                else self._gather_items(partials, "h_next"))
+        self._record(info, loss, vloss, float(sum(p["regW"] for p in partials)) + dr["regH"])
+        return Broadcast(update)
+
+    def init_partition(self, spec):
+        st = self._init_common(spec)
+        n_items = self.dataset.shape[1]
+        st["pend"] = np.array([-2], dtype=np.int64)  # feature whose term is still to remove
+        st["h_out"] = np.zeros(0)                   # that feature's final item values
+        st["hfull"] = np.zeros(n_items)             # the current feature's item values
+        return st
+
+    def push(self, st, plan):
+        t = plan["t"]
+        out = {"h_t": st["H"][:, t].copy()}  # own items' current values of feature t
+        if plan["phase"] == "init":
+            self._init_stats(st, out)
+            out["item_counts"] = np.bincount(st["rows"][1], minlength=self.dataset.shape[1])
+            out["h_sqnorm"] = np.einsum("ij,ij->i", st["H"], st["H"])
+            return out
+        n_items = self.dataset.shape[1]
+        indptr, indices, _ = st["rows"]
+        f = np.empty(indptr.shape[0] - 1)
+        old = st["W"][:, t].copy()
+        t_out = int(st["pend"][0])  # -2: nothing to swap, -1: open feature 0 only
+        swap = t_out != -2
+        if t_out >= 0:
+            f_out, h_out = st["W"][:, t_out].copy(), st["h_out"]
+        elif t_out == -1:
+            f_out, h_out = np.zeros_like(old), st["h_out"]
+        else:
+            f_out, h_out = old, st["hfull"]  # unused
+        num, den, sq = np.zeros(n_items), np.zeros(n_items), np.zeros(n_items)
+        K.rank1_row_pass(indptr, indices, st["er"], swap, f_out, h_out, old, st["hfull"],
+                         st["lam_rows"], f, num, den, sq)
+        vp, vi, _ = st["vrows"]
+        if self.has_valid:
+            vn, vd, vs = np.zeros(n_items), np.zeros(n_items), np.zeros(n_items)
+            K.rank1_column_sums(vp, vi, st["evr"], swap, f_out, h_out, old, st["hfull"], f,
+                                vn, vd, vs)
+            out.update(vnum=vn, vden=vd, vsq=vs)
+        st["pend"][0] = -2
+        st["W"][:, t] = f
+        st["regW"] += float(st["lam_rows"] @ (f * f - old * old))
+        out.update(num=num, den=den, sq=sq, regW=st["regW"])
+        if plan["feature_end"] and plan["next_t"] != t:
+            out["h_next"] = st["H"][:, plan["next_t"]].copy()
+        return out
+
+    def apply(self, st, update) -> None:
+        c0 = st["c0"]
+        own = slice(c0, c0 + len(st["H"]))
+        if update["kind"] == "init":
+            mu = update["mean"]
+            if mu != 0.0:
+                st["er"] -= mu
+                st["evr"] -= mu
+            # open feature 0 (its term is added back by the first round's pass)
+            st["pend"][0] = -1
+            st["h_out"] = np.zeros_like(update["h"])
+            st["hfull"] = update["h"]
+            return
+        t, h = update["t"], update["h"]
+        st["H"][:, t] = h[own]
+        if update["feature_end"]:
+            # feature t is done: its term leaves the residuals, the next one's enters (both
+            # in the next round's pass)
+            st["pend"][0] = t
+            st["h_out"] = h
+            st["hfull"] = update["h_next"]
+        else:
+            st["hfull"] = h
