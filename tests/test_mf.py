@@ -70,18 +70,16 @@ def test_ccd_residuals_are_exact_after_every_half_iteration():
     tr, te = low_rank_ratings(n=60, m=45, k=3, density=0.35, seed=4)
     backend = LocalBackend(3)
     checked = []
-    A, V = tr.tocsr(), te.tocsr()
 
     def check(rnd, rec):
         if rec["phase"] == "init":
             return False
         W, H = gathered(backend)
-        mu = backend.workers[0].program.driver.get("mean", None)
         for w in backend.workers:
             st = w.state
             r0, c0 = st["r0"], st["c0"]
-            for key, res, M in (("rows", "er", A), ("vrows", "evr", V),
-                                ("cols", "ec", A), ("vcols", "evc", V)):
+            for key, res in (("rows", "er"), ("vrows", "evr"), ("cols", "ec"),
+                             ("vcols", "evc")):
                 if (rec["phase"] == "W") != key.endswith("rows"):
                     continue
                 indptr, indices, data = st[key]
@@ -102,7 +100,6 @@ def test_ccd_residuals_are_exact_after_every_half_iteration():
     mf.fit(tr, X_val=te)
     assert checked.count("W") == 4 and checked.count("H") == 4
     assert mf.mean_ == pytest.approx(mf_mean[0])
-    del A, V
 
 
 @pytest.mark.parametrize("method", ["ccd", "ccd++"])

@@ -59,9 +59,29 @@ def warm_sparsify() -> None:
     S.row_sq_norms(args[0], args[2], True)
 
 
+def warm_mf() -> None:
+    from . import mf as M
+
+    A = sp.random(6, 5, density=0.6, format="csr", random_state=0)
+    indptr, indices = A.indptr.astype(np.int64), A.indices.astype(np.int32)
+    res = A.data.astype(np.float64)
+    F, lam = M.uniform_init(0, 1, 0, 6, 3), np.full(6, 0.1)
+    O, delta = M.uniform_init(0, 1, 0, 5, 2), np.empty((6, 2))
+    M.ccd_block_update(indptr, indices, res, F, 1, O, lam, delta)
+    M.subtract_lowrank(indptr, indices, res, delta, 0, O)
+    f, o, z = np.zeros(6), np.ones(5), np.zeros(5)
+    for swap in (False, True):
+        M.rank1_row_pass(indptr, indices, res, swap, f, o, f, o, lam, f, z.copy(), z.copy(),
+                         z.copy())
+        M.rank1_column_sums(indptr, indices, res, swap, f, o, f, o, f, z.copy(), z.copy(),
+                            z.copy())
+    M.predict_pairs(F, O, np.arange(3), np.arange(3), 0.5)
+
+
 def main() -> None:
     warm_lasso()
     warm_sparsify()
+    warm_mf()
 
 
 if __name__ == "__main__":

@@ -80,62 +80,6 @@ def subtract_lowrank(indptr, indices, res, X, xk0, Y):
 
 
 @njit(cache=True, nogil=True)
-def rank1_update(indptr, indices, res, lam, o, f):
-    """CCD++ step for one feature: ``f_i = sum_j e^_ij o_j / (lam_i + sum_j o_j^2)`` with
-    ``e^`` the residual with this feature's rank-one term added back (``res``, unchanged).
-    Writes ``f`` (n_local) and returns the loss ``sum (e^_ij - f_i o_j)^2`` (expanded, so a
-    single pass over the entries)."""
-    n = indptr.shape[0] - 1
-    loss = 0.0
-    for i in range(n):
-        num = 0.0
-        sq = 0.0
-        oo = 0.0
-        for p in range(indptr[i], indptr[i + 1]):
-            r = res[p]
-            h = o[indices[p]]
-            num += r * h
-            oo += h * h
-            sq += r * r
-        den = lam[i] + oo
-        v = num / den if den > 0.0 else 0.0
-        f[i] = v
-        loss += sq - 2.0 * v * num + v * v * oo
-    return loss
-
-
-@njit(cache=True, nogil=True)
-def swap_rank1_update(indptr, indices, res, f_out, o_out, f_in, o_in, o, lam, f):
-    """`rank1_swap` fused with the next feature's `rank1_update` (one pass instead of two).
-
-    First ``res_ij = (res_ij - f_out_i o_out_j) + f_in_i o_in_j`` (close the previous
-    feature, open this one), then ``f_i = sum_j res_ij o_j / (lam_i + sum_j o_j^2)``.
-    Returns ``sum (res_ij - f_i o_j)^2``, expanded as ``sum res^2 - 2 f num + f^2 sum o^2``.
-    """
-    n = indptr.shape[0] - 1
-    loss = 0.0
-    for i in range(n):
-        a_out = f_out[i]
-        a_in = f_in[i]
-        num = 0.0
-        sq = 0.0
-        oo = 0.0
-        for p in range(indptr[i], indptr[i + 1]):
-            j = indices[p]
-            r = (res[p] - a_out * o_out[j]) + a_in * o_in[j]
-            res[p] = r
-            h = o[j]
-            num += r * h
-            oo += h * h
-            sq += r * r
-        den = lam[i] + oo
-        v = num / den if den > 0.0 else 0.0
-        f[i] = v
-        loss += sq - 2.0 * v * num + v * v * oo
-    return loss
-
-
-@njit(cache=True, nogil=True)
 def rank1_row_pass(indptr, indices, res, swap, f_out, o_out, f_in, o, lam, f, num, den, sq):
     """One CCD++ round on a worker's users, one pass over each row's ratings (twice over the
     row while it is in cache):
@@ -204,50 +148,6 @@ def rank1_column_sums(indptr, indices, res, swap, f_out, o_out, f_in, o, f, num,
 
 
 @njit(cache=True, nogil=True)
-def swap_rank1_loss(indptr, indices, res, f_out, o_out, f_in, o_in, f, o):
-    """`rank1_swap` then `rank1_loss` with ``(f, o)``, in one pass."""
-    n = indptr.shape[0] - 1
-    loss = 0.0
-    for i in range(n):
-        a_out = f_out[i]
-        a_in = f_in[i]
-        v = f[i]
-        for p in range(indptr[i], indptr[i + 1]):
-            j = indices[p]
-            r = (res[p] - a_out * o_out[j]) + a_in * o_in[j]
-            res[p] = r
-            e = r - v * o[j]
-            loss += e * e
-    return loss
-
-
-@njit(cache=True, nogil=True)
-def rank1_loss(indptr, indices, res, f, o):
-    """``sum (e^_ij - f_i o_j)^2`` (the residual after removing a rank-one term)."""
-    n = indptr.shape[0] - 1
-    loss = 0.0
-    for i in range(n):
-        v = f[i]
-        for p in range(indptr[i], indptr[i + 1]):
-            e = res[p] - v * o[indices[p]]
-            loss += e * e
-    return loss
-
-
-@njit(cache=True, nogil=True)
-def rank1_swap(indptr, indices, res, f_out, o_out, f_in, o_in):
-    """``res_ij = (res_ij - f_out_i o_out_j) + f_in_i o_in_j``: finish one CCD++ feature
-    (remove its new rank-one term) and open the next (add its term back)."""
-    n = indptr.shape[0] - 1
-    for i in range(n):
-        a_out = f_out[i]
-        a_in = f_in[i]
-        for p in range(indptr[i], indptr[i + 1]):
-            j = indices[p]
-            res[p] = (res[p] - a_out * o_out[j]) + a_in * o_in[j]
-
-
-@njit(cache=True, nogil=True)
 def uniform_init(seed, stream, start, n, K):
     """Rows ``start .. start+n-1`` of a (., K) matrix of U(0, 1) entries that depend only on
     ``(seed, stream, row, k)`` (the same values whatever the partitioning)."""
@@ -260,39 +160,6 @@ def uniform_init(seed, stream, start, n, K):
         for k in range(K):
             state, r = _splitmix64(state)
             out[i, k] = np.float64(r >> np.uint64(11)) * (1.0 / 9007199254740992.0)
-    return out
-
-
-@njit(cache=True, nogil=True)
-def sparse_sq_error(indptr, indices, data, F, G):
-    """``sum_ij (data_ij - F_i . G_j)^2`` over stored entries (F: n x K, G: m x K)."""
-    n = indptr.shape[0] - 1
-    K = F.shape[1]
-    total = 0.0
-    for i in range(n):
-        for p in range(indptr[i], indptr[i + 1]):
-            j = indices[p]
-            s = 0.0
-            for k in range(K):
-                s += F[i, k] * G[j, k]
-            e = data[p] - s
-            total += e * e
-    return total
-
-
-@njit(cache=True, nogil=True)
-def residuals(indptr, indices, data, F, G, offset):
-    """``data_ij - offset - F_i . G_j`` for every stored entry (a fresh residual array)."""
-    n = indptr.shape[0] - 1
-    K = F.shape[1]
-    out = np.empty(data.shape[0])
-    for i in range(n):
-        for p in range(indptr[i], indptr[i + 1]):
-            j = indices[p]
-            s = 0.0
-            for k in range(K):
-                s += F[i, k] * G[j, k]
-            out[p] = data[p] - offset - s
     return out
 
 
