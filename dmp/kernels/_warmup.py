@@ -75,7 +75,7 @@ def warm_mf() -> None:
                          z.copy())
         M.rank1_column_sums(indptr, indices, res, swap, f, o, f, o, f, z.copy(), z.copy(),
                             z.copy())
-    M.predict_pairs(F, O, np.arange(3), np.arange(3), 0.5)
+    M.predict_pairs(F, F, np.arange(3), np.arange(3), 0.5)
 
 
 def main() -> None:
