@@ -48,7 +48,7 @@ def main(argv=None):
     ap.add_argument("--items", type=int, default=20_000)
     ap.add_argument("--ratings", type=int, default=2_000_000)
     ap.add_argument("--rank", type=int, default=1000)
-    ap.add_argument("--method", default="ccd", choices=["ccd", "ccd++"])
+    ap.add_argument("--method", default="ccd++", choices=["ccd", "ccd++"])
     ap.add_argument("--block-size", default="auto")
     ap.add_argument("--iters", type=int, default=2)
     ap.add_argument("--workers", type=int, default=2)
@@ -116,7 +116,7 @@ def main(argv=None):
                                    h["time"][ends]):
             print(f"  iteration {t}: objective {f:.6g}  train RMSE {tr_:.4f}  t={tt:.1f}s")
         test = -mf.score(ds)
-        per_round = np.asarray(h["bytes_pull"][1:]) / mf.n_workers if False else \
+        per_round = \
             np.asarray(h["bytes_pull"][1:]) / args.workers
         print(f"test RMSE {test:.4f}")
         print(f"largest broadcast per worker in one round: {format_bytes(per_round.max())} "

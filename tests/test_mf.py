@@ -21,8 +21,8 @@ def small_problem(seed=0, n=40, m=25, density=0.3):
 
 def gathered(backend):
     """(W, H) assembled from the partitions' current states (in-process backend)."""
-    sts = [w.state for w in backend.workers]
-    return np.vstack([s["W"] for s in sts]), np.vstack([s["H"] for s in sts])
+    parts = [w.program.factors(w.state) for w in backend.workers]
+    return np.vstack([p[1] for p in parts]), np.vstack([p[3] for p in parts])
 
 
 @pytest.mark.parametrize("method,n_inner,block_size", [

@@ -195,9 +195,14 @@ class _MFBase(Program):
             st[k] = np.asarray(arrays[k])
         st["regW"], st["regH"] = (float(v) for v in arrays["reg"])
 
+    def _WH(self, st):
+        """This partition's rows of W and of H (users x K, items x K; may be views)."""
+        return st["W"], st["H"]
+
     def factors(self, st):
         """(first user, W rows, first item, H rows) of this partition."""
-        return st["r0"], st["W"], st["c0"], st["H"]
+        W, H = self._WH(st)
+        return st["r0"], np.ascontiguousarray(W), st["c0"], np.ascontiguousarray(H)
 
     def save_factors(self, st, path):
         """Write this partition's W and H rows to ``path`` (a Zarr group) as arrays
@@ -205,12 +210,14 @@ class _MFBase(Program):
         import zarr
 
         g = zarr.open_group(path, mode="a", zarr_format=3)
-        for name, F in (("W", st["W"]), ("H", st["H"])):
+        W, H = self._WH(st)
+        for name, F in (("W", W), ("H", H)):
             rows = max(1, min(len(F), (16 << 20) // (8 * F.shape[1])))
             a = g.create_array(f"{name}/{st['k']:05d}", shape=F.shape, dtype="float64",
                                chunks=(rows, F.shape[1]), overwrite=True)
-            a[:] = F
-        return st["k"], st["r0"], len(st["W"]), st["c0"], len(st["H"])
+            for s in range(0, len(F), rows):  # chunk by chunk: no copy of the whole block
+                a[s:s + rows] = F[s:s + rows]
+        return st["k"], st["r0"], len(W), st["c0"], len(H)
 
 
 class CCDProgram(_MFBase):
@@ -323,7 +330,8 @@ class CCDPPProgram(_MFBase):
     """CCD++ with push/pull of the items' partial sums (see module)."""
 
     method = "ccd++"
-    _STATE = ("W", "H", "er", "evr", "pend", "h_out", "hfull")
+    # factors stored by feature (K x users, K x items) so that a feature is contiguous
+    _STATE = ("Wt", "Ht", "er", "evr", "pend", "h_out", "hfull")
     _DRIVER = _MFBase._DRIVER + ("regH", "lam_cols")
 
     def __init__(self, dataset, **kwargs):
@@ -382,6 +390,8 @@ class CCDPPProgram(_MFBase):
 
     def init_partition(self, spec):
         st = self._init_common(spec)
+        st["Wt"] = np.zeros((self.K, len(st.pop("W"))))
+        st["Ht"] = np.ascontiguousarray(st.pop("H").T)
         n_items = self.dataset.shape[1]
         st["pend"] = np.array([-2], dtype=np.int64)  # feature whose term is still to remove
         st["h_out"] = np.zeros(0)                   # that feature's final item values
@@ -390,20 +400,20 @@ class CCDPPProgram(_MFBase):
 
     def push(self, st, plan):
         t = plan["t"]
-        out = {"h_t": st["H"][:, t].copy()}  # own items' current values of feature t
+        out = {"h_t": st["Ht"][t].copy()}  # own items' current values of feature t
         if plan["phase"] == "init":
             self._init_stats(st, out)
             out["item_counts"] = np.bincount(st["rows"][1], minlength=self.dataset.shape[1])
-            out["h_sqnorm"] = np.einsum("ij,ij->i", st["H"], st["H"])
+            out["h_sqnorm"] = np.einsum("ij,ij->j", st["Ht"], st["Ht"])
             return out
         n_items = self.dataset.shape[1]
         indptr, indices, _ = st["rows"]
         f = np.empty(indptr.shape[0] - 1)
-        old = st["W"][:, t].copy()
+        old = st["Wt"][t].copy()
         t_out = int(st["pend"][0])  # -2: nothing to swap, -1: open feature 0 only
         swap = t_out != -2
         if t_out >= 0:
-            f_out, h_out = st["W"][:, t_out].copy(), st["h_out"]
+            f_out, h_out = st["Wt"][t_out], st["h_out"]
         elif t_out == -1:
             f_out, h_out = np.zeros_like(old), st["h_out"]
         else:
@@ -418,16 +428,19 @@ class CCDPPProgram(_MFBase):
                                 vn, vd, vs)
             out.update(vnum=vn, vden=vd, vsq=vs)
         st["pend"][0] = -2
-        st["W"][:, t] = f
+        st["Wt"][t] = f
         st["regW"] += float(st["lam_rows"] @ (f * f - old * old))
         out.update(num=num, den=den, sq=sq, regW=st["regW"])
         if plan["feature_end"] and plan["next_t"] != t:
-            out["h_next"] = st["H"][:, plan["next_t"]].copy()
+            out["h_next"] = st["Ht"][plan["next_t"]].copy()
         return out
+
+    def _WH(self, st):
+        return st["Wt"].T, st["Ht"].T
 
     def apply(self, st, update) -> None:
         c0 = st["c0"]
-        own = slice(c0, c0 + len(st["H"]))
+        own = slice(c0, c0 + st["Ht"].shape[1])
         if update["kind"] == "init":
             mu = update["mean"]
             if mu != 0.0:
@@ -439,7 +452,7 @@ class CCDPPProgram(_MFBase):
             st["hfull"] = update["h"]
             return
         t, h = update["t"], update["h"]
-        st["H"][:, t] = h[own]
+        st["Ht"][t] = h[own]
         if update["feature_end"]:
             # feature t is done: its term leaves the residuals, the next one's enters (both
             # in the next round's pass)
