@@ -17,7 +17,7 @@ one factor column (CCD++).  Every round's objective
 * **CCD++** (`CCDPPProgram`, the paper-level push/pull of ALGORITHMS.md 1.5): only the row
   copy is kept.  One round per feature t (and inner pass): every worker updates ``w_t`` of its
   users against the broadcast ``h_t`` and pushes the items' partial sums
-  ``(sum_i e^_ij w_i, sum_i w_i^2, sum_i e^_ij^2)``; pull adds them and solves the item update
+  ``(sum_i e^_ij w_i, sum_i w_i^2)`` and ``sum e^^2``; pull adds them and solves the item update
   ``h_t = num / (lambda + den)`` (and the exact loss), then broadcasts ``h_t``.  The rank-one
   bookkeeping of CCD++ (remove the finished feature's term, add the next one's) is fused into
   the next round's pass over the ratings.
@@ -367,17 +367,18 @@ class CCDPPProgram(_MFBase):
             return Broadcast(update)
         num = np.sum([p["num"] for p in partials], axis=0)
         den = np.sum([p["den"] for p in partials], axis=0)
-        sq = np.sum([p["sq"] for p in partials], axis=0)
         d = dr["lam_cols"] + den
         h = np.divide(num, d, out=np.zeros_like(num), where=d > 0)
         h_old = self._gather_items(partials, "h_t")
         dr["regH"] += float(dr["lam_cols"] @ (h * h - h_old * h_old))
-        loss = float(np.sum(sq - 2.0 * h * num + h * h * den))
+        hh = h * h
+        # sum (e^ - w h)^2 = sum e^2 - 2 h.num + h^2.den
+        loss = float(sum(p["sq"] for p in partials)) - 2.0 * float(h @ num) + float(hh @ den)
         if dr["nnz_valid"]:
             vn = np.sum([p["vnum"] for p in partials], axis=0)
             vd = np.sum([p["vden"] for p in partials], axis=0)
-            vs = np.sum([p["vsq"] for p in partials], axis=0)
-            vloss = float(np.sum(vs - 2.0 * h * vn + h * h * vd))
+            vloss = (float(sum(p["vsq"] for p in partials)) - 2.0 * float(h @ vn)
+                     + float(hh @ vd))
         else:
             vloss = 0.0
         update.update(t=info["t"], h=h, feature_end=info["feature_end"])
@@ -418,14 +419,14 @@ class CCDPPProgram(_MFBase):
             f_out, h_out = np.zeros_like(old), st["h_out"]
         else:
             f_out, h_out = old, st["hfull"]  # unused
-        num, den, sq = np.zeros(n_items), np.zeros(n_items), np.zeros(n_items)
-        K.rank1_row_pass(indptr, indices, st["er"], swap, f_out, h_out, old, st["hfull"],
-                         st["lam_rows"], f, num, den, sq)
+        num, den = np.zeros(n_items), np.zeros(n_items)
+        sq = K.rank1_row_pass(indptr, indices, st["er"], swap, f_out, h_out, old,
+                              st["hfull"], st["lam_rows"], f, num, den)
         vp, vi, _ = st["vrows"]
         if self.has_valid:
-            vn, vd, vs = np.zeros(n_items), np.zeros(n_items), np.zeros(n_items)
-            K.rank1_column_sums(vp, vi, st["evr"], swap, f_out, h_out, old, st["hfull"], f,
-                                vn, vd, vs)
+            vn, vd = np.zeros(n_items), np.zeros(n_items)
+            vs = K.rank1_column_sums(vp, vi, st["evr"], swap, f_out, h_out, old, st["hfull"],
+                                     f, vn, vd)
             out.update(vnum=vn, vden=vd, vsq=vs)
         st["pend"][0] = -2
         st["Wt"][t] = f

@@ -71,10 +71,8 @@ def warm_mf() -> None:
     M.subtract_lowrank(indptr, indices, res, delta, 0, O)
     f, o, z = np.zeros(6), np.ones(5), np.zeros(5)
     for swap in (False, True):
-        M.rank1_row_pass(indptr, indices, res, swap, f, o, f, o, lam, f, z.copy(), z.copy(),
-                         z.copy())
-        M.rank1_column_sums(indptr, indices, res, swap, f, o, f, o, f, z.copy(), z.copy(),
-                            z.copy())
+        M.rank1_row_pass(indptr, indices, res, swap, f, o, f, o, lam, f, z.copy(), z.copy())
+        M.rank1_column_sums(indptr, indices, res, swap, f, o, f, o, f, z.copy(), z.copy())
     M.predict_pairs(F, F, np.arange(3), np.arange(3), 0.5)
 
 

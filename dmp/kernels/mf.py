@@ -80,24 +80,27 @@ def subtract_lowrank(indptr, indices, res, X, xk0, Y):
 
 
 @njit(cache=True, nogil=True)
-def rank1_row_pass(indptr, indices, res, swap, f_out, o_out, f_in, o, lam, f, num, den, sq):
-    """One CCD++ round on a worker's users, one pass over each row's ratings (twice over the
-    row while it is in cache):
+def rank1_row_pass(indptr, indices, res, swap, f_out, o_out, f_in, o, lam, f, num, den):
+    """One CCD++ round on a worker's users, two loops over each row while it is in cache:
 
     1. if ``swap``: ``res_ij = (res_ij - f_out_i o_out_j) + f_in_i o_j`` (close the previous
        feature, open this one; ``o`` = this feature's current item values);
     2. ``f_i = sum_j res_ij o_j / (lam_i + sum_j o_j^2)`` (the user update);
-    3. the items' partial sums with the new ``f``: ``num_j += res_ij f_i``,
-       ``den_j += f_i^2``, ``sq_j += res_ij^2`` (added into the given arrays), from which
-       the item update ``h_j = sum num_j / (lam_j + sum den_j)`` and the exact loss
-       ``sum_j (sq_j - 2 h_j num_j + h_j^2 den_j)`` follow after the reduction.
+    3. the items' partial sums with the new ``f``: ``num_j += res_ij f_i`` and
+       ``den_j += f_i^2`` (added into the given arrays).
+
+    Returns ``sum res_ij^2``; after the reduction the item update is
+    ``h_j = sum num_j / (lam_j + sum den_j)`` and the exact loss
+    ``sum res^2 - 2 h.num + (h*h).den``.
     """
     n = indptr.shape[0] - 1
+    total = 0.0
     for i in range(n):
         a = indptr[i]
         b = indptr[i + 1]
         nm = 0.0
         oo = 0.0
+        sq = 0.0
         if swap:
             a_out = f_out[i]
             a_in = f_in[i]
@@ -108,28 +111,32 @@ def rank1_row_pass(indptr, indices, res, swap, f_out, o_out, f_in, o, lam, f, nu
                 res[p] = r
                 nm += r * h
                 oo += h * h
+                sq += r * r
         else:
             for p in range(a, b):
                 h = o[indices[p]]
-                nm += res[p] * h
+                r = res[p]
+                nm += r * h
                 oo += h * h
+                sq += r * r
         d = lam[i] + oo
         v = nm / d if d > 0.0 else 0.0
         f[i] = v
+        total += sq
         vv = v * v
         for p in range(a, b):
             j = indices[p]
-            r = res[p]
-            num[j] += r * v
+            num[j] += res[p] * v
             den[j] += vv
-            sq[j] += r * r
+    return total
 
 
 @njit(cache=True, nogil=True)
-def rank1_column_sums(indptr, indices, res, swap, f_out, o_out, f_in, o, f, num, den, sq):
+def rank1_column_sums(indptr, indices, res, swap, f_out, o_out, f_in, o, f, num, den):
     """`rank1_row_pass` with the users' values ``f`` given (held-out ratings): the optional
-    swap, then the items' partial sums only."""
+    swap, then the items' partial sums; returns ``sum res^2``."""
     n = indptr.shape[0] - 1
+    total = 0.0
     for i in range(n):
         v = f[i]
         vv = v * v
@@ -144,7 +151,8 @@ def rank1_column_sums(indptr, indices, res, swap, f_out, o_out, f_in, o, f, num,
                 res[p] = r
             num[j] += r * v
             den[j] += vv
-            sq[j] += r * r
+            total += r * r
+    return total
 
 
 @njit(cache=True, nogil=True)
