@@ -174,9 +174,17 @@ class DaskBackend:
         return [i["pid"] for i in infos]
 
     def log_event(self, msg: dict) -> None:
+        """Send ``msg`` to the scheduler's event log under the topic "dmp" without waiting
+        (``Client.log_event`` waits for the scheduler's reply: a round trip every round)."""
         try:
-            self.client.log_event("dmp", msg)
+            self.client.loop.add_callback(self._log_event, msg)
         except Exception:  # telemetry must never break a fit
+            pass
+
+    async def _log_event(self, msg: dict) -> None:
+        try:
+            await self.client.scheduler.log_event(topic="dmp", msg=msg)
+        except Exception:
             pass
 
     def describe(self) -> str:
