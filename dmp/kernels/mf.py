@@ -17,6 +17,44 @@ from numba import njit
 from .sparsify import _splitmix64
 
 
+#: coordinates per cache block: the rows O[j, c:c+CHUNK] of the other side's block that a
+#: sweep touches stay in cache (CHUNK x n_other values instead of B x n_other)
+CHUNK = 16
+
+
+@njit(cache=True, nogil=True)
+def _ccd_row(a, b, indices, res, F, i, k0, O, lam_i, delta, c0, c1):
+    """CCD on coordinates ``k0+c0 .. k0+c1-1`` of one row (see `ccd_block_update`)."""
+    w = F[i, k0 + c0]
+    num = 0.0
+    den = lam_i
+    for p in range(a, b):
+        h = O[indices[p], c0]
+        num += (res[p] + w * h) * h
+        den += h * h
+    for kk in range(c0, c1):
+        new = num / den if den > 0.0 else 0.0
+        d = new - w
+        delta[i, kk] = d
+        F[i, k0 + kk] = new
+        if kk + 1 < c1:
+            w = F[i, k0 + kk + 1]
+            num = 0.0
+            den = lam_i
+            for p in range(a, b):
+                j = indices[p]
+                r = res[p]
+                if d != 0.0:
+                    r -= d * O[j, kk]
+                    res[p] = r
+                h = O[j, kk + 1]
+                num += (r + w * h) * h
+                den += h * h
+        elif d != 0.0:
+            for p in range(a, b):
+                res[p] -= d * O[indices[p], kk]
+
+
 @njit(cache=True, nogil=True)
 def ccd_block_update(indptr, indices, res, F, k0, O, lam, delta):
     """Exact CCD on coordinates ``k0 .. k0+B-1`` of every local row, in that order.
@@ -24,59 +62,37 @@ def ccd_block_update(indptr, indices, res, F, k0, O, lam, delta):
     ``f_ik <- sum_j (e_ij + f_ik o_kj) o_kj / (lam_i + sum_j o_kj^2)`` over the row's
     entries, then ``e_ij -= (f_ik^new - f_ik) o_kj``.  Rows are independent given ``O``, so
     this equals a row-by-row serial sweep.  ``delta`` (n_local x B) receives the changes.
-    The residual update of coordinate k and the sums of coordinate k+1 share one pass.
+    The residual update of coordinate k and the sums of coordinate k+1 share one pass, and
+    all rows go through `CHUNK` coordinates before the next ones (same result per row).
     """
     n = indptr.shape[0] - 1
     B = O.shape[1]
-    for i in range(n):
-        a = indptr[i]
-        b = indptr[i + 1]
-        w = F[i, k0]
-        num = 0.0
-        den = lam[i]
-        for p in range(a, b):
-            h = O[indices[p], 0]
-            num += (res[p] + w * h) * h
-            den += h * h
-        for kk in range(B):
-            new = num / den if den > 0.0 else 0.0
-            d = new - w
-            delta[i, kk] = d
-            F[i, k0 + kk] = new
-            if kk + 1 < B:
-                w = F[i, k0 + kk + 1]
-                num = 0.0
-                den = lam[i]
-                for p in range(a, b):
-                    j = indices[p]
-                    r = res[p]
-                    if d != 0.0:
-                        r -= d * O[j, kk]
-                        res[p] = r
-                    h = O[j, kk + 1]
-                    num += (r + w * h) * h
-                    den += h * h
-            elif d != 0.0:
-                for p in range(a, b):
-                    res[p] -= d * O[indices[p], kk]
+    for c0 in range(0, B, CHUNK):
+        c1 = min(B, c0 + CHUNK)
+        for i in range(n):
+            _ccd_row(indptr[i], indptr[i + 1], indices, res, F, i, k0, O, lam[i], delta,
+                     c0, c1)
 
 
 @njit(cache=True, nogil=True)
 def subtract_lowrank(indptr, indices, res, X, xk0, Y):
-    """``res_ij -= sum_kk X[i, xk0+kk] * Y[j, kk]`` for every stored entry (kk in order).
+    """``res_ij -= sum_kk X[i, xk0+kk] * Y[j, kk]`` for every stored entry (kk in order,
+    `CHUNK` coordinates at a time over all entries, so ``Y``'s rows stay in cache).
 
     Brings a residual up to date after the other side changed (``Y`` = its deltas) or after
     this side changed (``X`` = own deltas, ``Y`` = the other side's block).
     """
     n = indptr.shape[0] - 1
     B = Y.shape[1]
-    for i in range(n):
-        for p in range(indptr[i], indptr[i + 1]):
-            j = indices[p]
-            r = res[p]
-            for kk in range(B):
-                r -= X[i, xk0 + kk] * Y[j, kk]
-            res[p] = r
+    for c0 in range(0, B, CHUNK):
+        c1 = min(B, c0 + CHUNK)
+        for i in range(n):
+            for p in range(indptr[i], indptr[i + 1]):
+                j = indices[p]
+                r = res[p]
+                for kk in range(c0, c1):
+                    r -= X[i, xk0 + kk] * Y[j, kk]
+                res[p] = r
 
 
 @njit(cache=True, nogil=True)
