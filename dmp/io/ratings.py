@@ -40,7 +40,7 @@ import scipy.sparse as sp
 from zarr.codecs import BloscCodec, ZstdCodec
 
 from .sparse import (FORMAT_VERSION, DatasetError, _atomic_write, _balanced_bounds,
-                     _check_dest, _normalize_path, _StoredDataset)
+                     _check_dest, _normalize_path, _StoredDataset, check_compressed)
 
 __all__ = ["RatingsDataset", "InMemoryRatingsDataset", "write_ratings", "read_ratings_file",
            "convert_ratings"]
@@ -458,19 +458,9 @@ class _RatingsBase:
         indices = self._array(src, split, part, "indices", slice(s, e))
         data = self._array(src, split, part, "data", slice(s, e))
         ptr = ptr - s
-        from ..kernels.sparse import csc_check
-
-        code = csc_check(ptr, indices, data, m)
-        where = f"split {split!r} {part}"
-        if code == 1:
-            raise DatasetError(f"{where}: 'indices'/'data' are shorter than 'indptr' says")
-        if code == 2:
-            raise DatasetError(f"{where}: 'indices' has values outside [0, {m})")
-        if code == 3:
-            raise DatasetError(f"{where}: 'indices' are not strictly increasing within a "
-                               f"{'row' if part == 'rows' else 'column'}")
-        if code == 4:
-            raise DatasetError(f"{where}: 'data' contains NaN or infinite values")
+        check_compressed(ptr, indices, data, m, f"split {split!r} {part}",
+                         "row" if part == "rows" else "column",
+                         bad_indptr="'indices'/'data' are shorter than 'indptr' says")
         return ptr, indices, data
 
     # -- public

@@ -513,6 +513,24 @@ def open_dataset(path, *, storage_options=None):
     return cls(path, attrs, storage_options=storage_options)
 
 
+def check_compressed(indptr, indices, data, m, what, major, detail="",
+                     bad_indptr="'indptr' is not non-decreasing"):
+    """Validate compressed (CSR or CSC) arrays in one pass (`csc_check`) and raise
+    `DatasetError` naming the problem; ``what`` says where, ``major`` is "row" or "column"."""
+    from ..kernels.sparse import csc_check
+
+    code = csc_check(indptr, indices, data, m)
+    if code == 1:
+        raise DatasetError(f"{what}: {bad_indptr}")
+    if code == 2:
+        raise DatasetError(f"{what}: 'indices' has values outside [0, {m})")
+    if code == 3:
+        raise DatasetError(f"{what}: 'indices' are not strictly increasing within a "
+                           f"{major}{detail}")
+    if code == 4:
+        raise DatasetError(f"{what}: 'data' contains NaN or infinite values")
+
+
 class _StoredDataset:
     """What column- and row-sharded stored datasets share: attributes, ``y``, reading and
     checking one shard's compressed arrays.
@@ -623,18 +641,9 @@ class _StoredDataset:
         data = self._read(g, f"{base}/data", what, "float64")
         if len(data) != nnz:
             raise DatasetError(f"{what}: 'data' has length {len(data)} but indptr[-1] = {nnz}")
-        from ..kernels.sparse import csc_check
-
-        code = csc_check(indptr, indices, data, m)  # one pass, no temporaries (CSR alike)
-        if code == 1:
-            raise DatasetError(f"{what}: 'indptr' is not non-decreasing")
-        if code == 2:
-            raise DatasetError(f"{what}: 'indices' has values outside [0, {m})")
-        if code == 3:
-            raise DatasetError(f"{what}: 'indices' are not strictly increasing within a "
-                               f"{major} (unsorted or duplicate {minor} indices)")
-        if code == 4:
-            raise DatasetError(f"{what}: 'data' contains NaN or infinite values")
+        check_compressed(indptr, indices, data, m, what, major,
+                         f" (unsorted or duplicate {minor} indices)",
+                         "'indptr' is not non-decreasing")
         if self._shard_nnz is not None and nnz != self._shard_nnz[k]:
             raise DatasetError(f"{what}: 'indptr' gives {nnz} nonzeros, attribute "
                                f"'shard_nnz' says {int(self._shard_nnz[k])}")
