@@ -1,4 +1,4 @@
-"""The ``dmp`` command line: ``dmp run``, ``dmp data``."""
+"""The ``dmp`` command line: ``dmp run``, ``dmp data``, ``dmp monitor``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,16 @@ def _cmd_run(args) -> int:
     spec = load_pipeline(args.pipeline)
     run_pipeline(spec, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
                  output=args.output, show_progress=not args.no_progress)
+    return 0
+
+
+def _cmd_monitor(args) -> int:
+    from .monitor import follow
+
+    if args.timeout is not None and args.timeout <= 0:
+        raise ValueError(f"--timeout must be positive, got {args.timeout}")
+    follow(args.address, exit_when_done=args.exit_when_done, timeout=args.timeout,
+           interval=args.interval)
     return 0
 
 
@@ -101,6 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--output", help="output folder (default: the pipeline's 'output')")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.set_defaults(func=_cmd_run)
+
+    mo = sub.add_parser("monitor", help="follow the dmp fits running on a Dask cluster")
+    mo.add_argument("address", help="scheduler address, e.g. tcp://127.0.0.1:8786")
+    mo.add_argument("--exit-when-done", action="store_true",
+                    help="return once a fit was seen and none is running")
+    mo.add_argument("--timeout", type=float, default=None, help="return after this many seconds")
+    mo.add_argument("--interval", type=float, default=1.0,
+                    help="seconds between progress lines of one fit (default 1)")
+    mo.set_defaults(func=_cmd_monitor)
 
     d = sub.add_parser("data", help="build, convert and inspect datasets")
     dsub = d.add_subparsers(dest="data_command", required=True)

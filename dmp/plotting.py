@@ -163,3 +163,68 @@ def plot_rmse(histories: dict, *, path=None, test_rmse=None):
         plt.close(fig)
         return None
     return fig
+
+
+def plot_training(history, *, path=None, metric: str = "objective", title: str | None = None):
+    """The dashboard's figures, after the fact, from one fit's ``history_``.
+
+    Four panels: ``metric`` against wall time and against round (log scale), push and idle
+    (barrier wait) time per worker per round, and cumulative bytes per primitive.
+
+    Parameters
+    ----------
+    history : dict
+        An estimator's ``history_`` (arrays per key, ``push_s``/``idle_s`` rounds x workers).
+    path : str, optional
+        Save the figure there (PNG) instead of returning it open.
+    metric : str
+        The metric to draw (``objective``, ``dual_gap``, ``valid_rmse``, ...).
+    """
+    import matplotlib
+
+    if path is not None:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    if not len(history) or "round" not in history:
+        raise ValueError("history is empty: fit the estimator first")
+    if metric not in history:
+        raise ValueError(f"history has no {metric!r}; it has "
+                         f"{', '.join(k for k in history if k not in ('push_s', 'idle_s'))}")
+    rounds = np.asarray(history["round"])
+    y = np.asarray(history[metric], dtype=float)
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7))
+    log = bool(np.all(y[np.isfinite(y)] > 0))
+    for ax, x, xlabel in ((axes[0, 0], np.asarray(history["time"]), "wall time (s)"),
+                          (axes[0, 1], rounds, "round")):
+        ax.plot(x, y, marker="." if len(y) < 60 else None)
+        ax.set(xlabel=xlabel, ylabel=metric, yscale="log" if log else "linear",
+               title=f"{metric} vs {xlabel.split(' (')[0]}")
+    push = np.atleast_2d(np.asarray(history.get("push_s", np.zeros((len(rounds), 0))),
+                                    dtype=float))
+    idle = np.atleast_2d(np.asarray(history.get("idle_s", np.zeros_like(push)), dtype=float))
+    ax = axes[1, 0]
+    for w in range(push.shape[1]):
+        line, = ax.plot(rounds, push[:, w], label=f"push, worker {w}")
+        if idle.shape == push.shape:
+            ax.plot(rounds, idle[:, w], ls="--", color=line.get_color(),
+                    label=f"idle, worker {w}")
+    ax.set(xlabel="round", ylabel="seconds", title="push and idle time per round")
+    if push.shape[1]:
+        ax.legend(fontsize="small")
+    ax = axes[1, 1]
+    for key in (k for k in history if k.startswith("bytes_")):
+        vals = np.asarray(history[key], dtype=float)
+        if vals.ndim == 1:
+            ax.plot(rounds, np.cumsum(np.nan_to_num(vals)), label=key[len("bytes_"):])
+    ax.set(xlabel="round", ylabel="bytes", title="bytes moved, cumulative")
+    if ax.lines:
+        ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+    return fig

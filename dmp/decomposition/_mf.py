@@ -257,7 +257,8 @@ class MatrixFactorization(BaseEstimator):
                          checkpoint=self.checkpoint,
                          checkpoint_every=self.checkpoint_every * program.rounds_per_iter,
                          resume=self.resume, fingerprint=fingerprint, callback=self.callback,
-                         show_progress=self.show_progress, desc=type(self).__name__)
+                         show_progress=self.show_progress, desc=type(self).__name__,
+                         params=self.get_params(deep=False))
             if self.factors_store is not None:
                 W, H = self._save_factors(backend, program)
             else:

@@ -17,6 +17,7 @@ import numpy as np
 from .backends.base import WorkerLostError
 from .checkpoint import CheckpointStore
 from .comm import payload_nbytes
+from .events import FitEvents
 from .program import Broadcast
 
 logger = logging.getLogger("dmp")
@@ -32,6 +33,7 @@ class RunResult:
     converged: bool
     wall_s: float
     recoveries: list = field(default_factory=list)
+    fit_id: str = ""
 
 
 def _pull_bytes(updates, n_partitions: int) -> int:
@@ -55,7 +57,7 @@ def _progress_bar(show_progress, total, desc):
 def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
         checkpoint_every: int = 50, resume: bool = False, fingerprint: dict | None = None,
         callback=None, show_progress: bool = False, desc: str = "dmp",
-        max_recoveries: int = 5) -> RunResult:
+        max_recoveries: int = 5, params: dict | None = None) -> RunResult:
     """Run ``program`` on ``backend`` until it converges or ``max_iter`` rounds pass.
 
     Parameters
@@ -69,6 +71,9 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
         Continue from the latest complete checkpoint in ``checkpoint`` if there is one.
     callback : callable, optional
         ``callback(round, metrics) -> bool``; returning True stops the run.
+    desc, params : str, dict
+        Estimator name and hyperparameters, for the progress bar and the live monitor
+        (`dmp.engine.events`).
     """
     if staleness < 0:
         raise ValueError(f"staleness must be >= 0, got {staleness}")
@@ -108,7 +113,10 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
     if store is not None and not resume and store.latest() is not None:
         raise FileExistsError(f"checkpoint location {store.path!r} already holds a checkpoint; "
                               f"pass resume=True to continue it or choose a new location")
+    events = FitEvents(backend, program, desc=desc, params=params, max_iter=max_iter)
     round_ = restore_or_init(True)
+    events.start()
+    status = "error"
     bar = _progress_bar(show_progress, max_iter, desc)
     if bar is not None and round_:
         bar.update(round_)
@@ -122,7 +130,7 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
         state = dict(program.driver_state())
         state["__history"] = json.dumps(history)
         store.commit(r, state)
-        backend.log_event({"kind": "checkpoint", "round": r})
+        events.checkpoint(r)
 
     try:
         while True:
@@ -152,16 +160,15 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
                     partials = [res["partial"] for res in results]
                     new_update = program.pull(r, partials)
                     round_s = time.perf_counter() - t_issue
+                    push_s = [res["push_s"] for res in results]
                     rec = {"round": r, "time": time.perf_counter() - t_loop0,
-                           "round_s": round_s,
-                           "push_s": [res["push_s"] for res in results],
+                           "round_s": round_s, "push_s": push_s,
+                           "idle_s": [max(round_s - p, 0.0) for p in push_s],
                            "bytes_schedule": b_sched, "bytes_push": payload_nbytes(partials),
                            "bytes_pull": b_bcast}
                     rec.update(program.metrics())
                     history.append(rec)
-                    backend.log_event({"kind": "round", "program": program.name,
-                                       **{k: v for k, v in rec.items() if k != "push_s"},
-                                       "push_s_max": max(rec["push_s"])})
+                    events.round(rec)
                     if bar is not None:
                         bar.update(1)
                         bar.set_postfix(program.progress_postfix()
@@ -185,25 +192,28 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
                 if update is not None:
                     backend.apply_all(update)
                 arrays = backend.collect_all() if program.gather_partitions else []
+                status = "converged" if converged else "stopped" if stopped else "max_iter"
                 break
             except WorkerLostError as exc:
                 offset = history[-1]["time"] if history else 0.0
                 recoveries.append({"round": round_, "error": str(exc), "time": offset})
                 logger.warning("worker lost at round %d (%s); recovering", round_, exc)
-                backend.log_event({"kind": "worker_lost", "round": round_, "error": str(exc)})
+                events.worker_lost(round_, str(exc))
                 if len(recoveries) > max_recoveries:
                     raise RuntimeError(f"gave up after {max_recoveries} worker losses") from exc
                 converged = stopped = False
                 round_ = restore_or_init(False)
                 recoveries[-1]["resumed_round"] = round_
+                events.recovered(round_)
                 offset = history[-1]["time"] if history else 0.0
     finally:
         if bar is not None:
             bar.close()
+        events.end(status, round_, time.perf_counter() - t_start)
     program.finish(arrays)
     return RunResult(history=history, n_rounds=round_, partition_arrays=arrays,
                      converged=converged, wall_s=time.perf_counter() - t_start,
-                     recoveries=recoveries)
+                     recoveries=recoveries, fit_id=events.fit_id)
 
 
 def history_arrays(history: list[dict]) -> dict:

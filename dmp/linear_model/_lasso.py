@@ -271,7 +271,8 @@ class Lasso(RegressorMixin, BaseEstimator):
             result = run(program, backend, max_iter=self.max_iter, staleness=self.staleness,
                          checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every,
                          resume=self.resume, fingerprint=fingerprint, callback=self.callback,
-                         show_progress=self.show_progress, desc="Lasso")
+                         show_progress=self.show_progress, desc="Lasso",
+                         params=self.get_params(deep=False))
         finally:
             backend.close()
             if tmpdir is not None:

@@ -45,6 +45,9 @@ def _decode_add(msg, out: np.ndarray, scale: float = 1.0) -> None:
 
 # a working set is solved to this fraction of the current relative duality gap
 _INNER_GAP_FRACTION = 0.1
+# quantiles (min, quartiles, max) of the scheduled variables' priorities, per round
+_PRIORITY_QUANTILES = (0.0, 0.25, 0.5, 0.75, 1.0)
+_NO_QUANTILES = [float("nan")] * 5
 
 
 def _l1_change(w_old, delta, t):
@@ -304,7 +307,7 @@ class LassoProgram(Program):
             "prio": np.zeros(p), "rng": np.random.default_rng(self.seed), "rr": 0,
             "need_gap": True, "need_refresh": False, "since_check": 0, "n_checks": 0,
             "gap": np.inf, "objective": 0.5 * float(ytil @ ytil) / n, "converged": False,
-            "updates": 0, "last": {}, "max_abs_w": 0.0,
+            "updates": 0, "last": {}, "max_abs_w": 0.0, "priority_q": {},
         }
         self._rebuild_sampler()
 
@@ -343,6 +346,9 @@ class LassoProgram(Program):
         if d["need_gap"]:
             return [{"kind": "gap", "round": round}] * P
         cand, L = self._candidates()
+        if self.schedule_kind == "priority" and len(cand):
+            # what the monitor shows as the priority distribution of the scheduled set
+            d["priority_q"][round] = np.quantile(d["prio"][cand], _PRIORITY_QUANTILES).tolist()
         # solve each working set only as far as the global gap warrants (celer's rule of
         # thumb): tight inner tolerances while the working set still changes waste sweeps
         gap_rel = d["gap"] / max(0.5 * d["ynorm2"] / d["n"], 1e-300)
@@ -397,7 +403,8 @@ class LassoProgram(Program):
             d["updates"] += n_kept
             d["objective"] = self._objective(r, d["l1"])
             d["last"] = {"kind": "cd", "n_candidates": int(sum(pt["n_cand"] for pt in partials)),
-                         "n_kept": n_kept, "step": t}
+                         "n_kept": n_kept, "step": t,
+                         "priority_q": d["priority_q"].pop(round, _NO_QUANTILES)}
             moving = t * max((float(np.abs(b).max(initial=0.0)) for b in deltas), default=0.0)
             d["max_abs_w"] = max(d["max_abs_w"], max(
                 (float(np.abs(a + t * b).max(initial=0.0)) for a, b in zip(w_old, deltas)),
@@ -425,7 +432,8 @@ class LassoProgram(Program):
             d["since_check"] = 0
             d["n_checks"] += 1
             d["converged"] = d["gap"] <= self.tol * d["ynorm2"] / n
-            d["last"] = {"kind": "gap", "n_candidates": 0, "n_kept": 0, "step": 0.0}
+            d["last"] = {"kind": "gap", "n_candidates": 0, "n_kept": 0, "step": 0.0,
+                         "priority_q": _NO_QUANTILES}
             return None
         if kind == "refresh":
             xw = np.zeros(n)
@@ -435,7 +443,8 @@ class LassoProgram(Program):
             d["l1"] = sum(pt["l1"] for pt in partials)
             d["objective"] = self._objective(d["r"], d["l1"])
             d["need_refresh"] = False
-            d["last"] = {"kind": "refresh", "n_candidates": 0, "n_kept": 0, "step": 0.0}
+            d["last"] = {"kind": "refresh", "n_candidates": 0, "n_kept": 0, "step": 0.0,
+                         "priority_q": _NO_QUANTILES}
             return Broadcast({"kind": "refresh", "r": d["r"].copy()})
         raise ValueError(f"unknown partial kind {kind!r}")
 

@@ -215,7 +215,8 @@ class _SparsifiedBase(BaseEstimator):
             result = run(program, backend, max_iter=iters + 1, checkpoint=self.checkpoint,
                          checkpoint_every=self.checkpoint_every, resume=self.resume,
                          fingerprint=fingerprint, callback=self.callback,
-                         show_progress=self.show_progress, desc=type(self).__name__)
+                         show_progress=self.show_progress, desc=type(self).__name__,
+                         params=self.get_params(deep=False))
         finally:
             backend.close()
             if tmpdir is not None:

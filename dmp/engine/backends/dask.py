@@ -76,6 +76,7 @@ class DaskBackend:
         self._initial_names = names
         self.actors = []
         self.placement: list = []
+        self._event_lock = None
         self._futures = []
 
     @property
@@ -173,19 +174,38 @@ class DaskBackend:
         infos = self._results(self._issue([(a, "info", ()) for a in self.actors]))
         return [i["pid"] for i in infos]
 
-    def log_event(self, msg: dict) -> None:
-        """Send ``msg`` to the scheduler's event log under the topic "dmp" without waiting
-        (``Client.log_event`` waits for the scheduler's reply: a round trip every round)."""
+    def log_event(self, msg: dict, wait: bool = False) -> None:
+        """Send ``msg`` to the scheduler's event log under the topic "dmp".
+
+        Events go out in order through one lock on the client's event loop and, unless
+        ``wait``, without waiting (``Client.log_event`` waits for the scheduler's reply: a
+        round trip every round).  ``wait=True`` returns once this event and every earlier
+        one reached the scheduler.
+        """
         try:
-            self.client.loop.add_callback(self._log_event, msg)
+            if wait:
+                self.client.sync(self._log_event, msg, callback_timeout=10)
+            else:
+                self.client.loop.add_callback(self._log_event, msg)
         except Exception:  # telemetry must never break a fit
             pass
 
     async def _log_event(self, msg: dict) -> None:
-        try:
-            await self.client.scheduler.log_event(topic="dmp", msg=msg)
-        except Exception:
-            pass
+        import asyncio
+
+        if self._event_lock is None:
+            self._event_lock = asyncio.Lock()
+        async with self._event_lock:
+            try:
+                await self.client.scheduler.log_event(topic="dmp", msg=msg)
+            except Exception:
+                pass
+
+    def register_monitor(self) -> bool:
+        """Register dmp's monitor plugin on the scheduler (idempotent); see `dmp.monitor`."""
+        from ...monitor import ensure_monitor
+
+        return ensure_monitor(self.client)
 
     def describe(self) -> str:
         return (f"Dask backend, {self.n_workers} partition(s) on workers "

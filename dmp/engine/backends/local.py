@@ -65,8 +65,8 @@ class LocalBackend:
     def call_all(self, method, *args) -> list:
         return [w.call(method, *args) for w in self.workers]
 
-    def log_event(self, msg: dict) -> None:
-        pass
+    def log_event(self, msg: dict, wait: bool = False) -> None:
+        pass  # no scheduler to tell; history_ and the progress bar still have everything
 
     def describe(self) -> str:
         return f"local backend, {self.n_workers} simulated worker(s)"

@@ -1,0 +1,141 @@
+"""Fit events for the live monitor: what the runner tells the Dask scheduler.
+
+Every fit gets an id and sends, in order, under the event topic ``"dmp"``:
+
+``fit_start``   estimator, parameters, program, workers, primary metric
+``round``       one per round: the same record the fit keeps in ``history_``
+``checkpoint``  ``worker_lost``  ``recovered``
+``fit_end``     status (``converged``, ``max_iter``, ``stopped``, ``error``), rounds, wall time
+
+The scheduler-side `dmp.monitor.DMPMonitor` aggregates them for the dashboard page, the JSON
+route and the Prometheus series.  Events cost the fit no round trip (see
+`DaskBackend.log_event`); ``dask.config.set({"dmp.monitor": False})`` turns them off.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+
+import numpy as np
+
+logger = logging.getLogger("dmp")
+
+TOPIC = "dmp"
+
+
+def monitor_enabled() -> bool:
+    """Whether fits send events and register the monitor (config key ``dmp.monitor``)."""
+    import dask
+
+    val = dask.config.get("dmp.monitor", True)
+    if isinstance(val, str):
+        return val.strip().lower() not in ("0", "false", "no", "off")
+    return bool(val)
+
+
+def plain(value, _depth: int = 0):
+    """``value`` as msgpack/JSON-friendly Python data (numpy scalars and arrays become
+    numbers and lists; anything else that is not plain data becomes its short repr)."""
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if _depth > 4:
+        return _short_repr(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist() if value.size <= 1024 else _short_repr(value)
+    if isinstance(value, dict):
+        return {str(k): plain(v, _depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v, _depth + 1) for v in value]
+    return _short_repr(value)
+
+
+def _short_repr(value, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def finite_or_none(value):
+    """JSON has no NaN or infinity: map them to None (recursively)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite_or_none(v) for v in value]
+    return value
+
+
+class FitEvents:
+    """Send one fit's events through ``backend.log_event`` (a no-op on the local backend).
+
+    Parameters
+    ----------
+    backend : backend object
+        Needs ``log_event(msg, wait=False)``; a Dask backend also ``register_monitor()``.
+    program : Program
+        Its ``name`` and optional ``primary_metric`` (default ``"objective"``) are reported.
+    desc : str
+        Estimator name (the fit id is ``"<desc>-<8 hex digits>"``).
+    params : dict, optional
+        The estimator's hyperparameters (shown next to the fit on the dashboard).
+    """
+
+    def __init__(self, backend, program, *, desc: str, params: dict | None = None,
+                 max_iter: int | None = None):
+        self.backend = backend
+        self.program = program
+        self.desc = desc
+        self.params = params or {}
+        self.max_iter = max_iter
+        self.fit_id = f"{desc}-{uuid.uuid4().hex[:8]}"
+        self.enabled = monitor_enabled() and hasattr(backend, "client")
+
+    def _send(self, kind: str, wait: bool = False, **fields) -> None:
+        if self.enabled:
+            self.backend.log_event(plain({"kind": kind, "fit": self.fit_id, **fields}),
+                                   wait=wait)
+
+    def _send_round(self, rec: dict) -> None:
+        if self.enabled:
+            # a program's own "kind" (e.g. Lasso's cd/gap/refresh round) travels as round_kind
+            fields = {("round_kind" if k in ("kind", "fit") else k): v for k, v in rec.items()}
+            self.backend.log_event(plain({**fields, "kind": "round", "fit": self.fit_id}))
+
+    def start(self) -> None:
+        if not self.enabled:
+            return
+        register = getattr(self.backend, "register_monitor", None)
+        if register is not None:
+            register()
+        n = self.backend.n_partitions
+        workers = list(getattr(self.backend, "placement", []) or [])
+        self._send("fit_start", estimator=self.desc, params=self.params,
+                   program=getattr(self.program, "name", type(self.program).__name__),
+                   primary_metric=getattr(self.program, "primary_metric", "objective"),
+                   n_partitions=n, workers=[str(w) for w in workers] or
+                   [f"partition-{k}" for k in range(n)],
+                   max_iter=self.max_iter, started=time.time())
+
+    def round(self, rec: dict) -> None:
+        self._send_round(rec)
+
+    def checkpoint(self, round: int) -> None:
+        self._send("checkpoint", round=round)
+
+    def worker_lost(self, round: int, error: str) -> None:
+        self._send("worker_lost", round=round, error=error)
+
+    def recovered(self, resumed_round: int) -> None:
+        workers = list(getattr(self.backend, "placement", []) or [])
+        self._send("recovered", resumed_round=resumed_round, workers=[str(w) for w in workers])
+
+    def end(self, status: str, n_rounds: int, wall_s: float) -> None:
+        # waits, so that every event of the fit has reached the scheduler when fit() returns
+        self._send("fit_end", wait=True, status=status, n_rounds=n_rounds, wall_s=wall_s)

@@ -1,0 +1,286 @@
+"""The dmp page of the Dask dashboard (Bokeh), fed by `DMPMonitor`'s state.
+
+One table lists every fit the scheduler has seen (estimator, parameters, status, round,
+metric); the selected fit (the newest running one by default) gets live figures: its metric
+against time and round, per-worker push and idle time per round, cumulative bytes per
+primitive, schedule statistics, and the checkpoint / worker-loss log.  Updated every 500 ms
+by streaming only the rounds not shown yet.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .state import FitState, format_value
+
+UPDATE_MS = 500
+_PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+            "#7f7f7f", "#bcbd22", "#17becf")
+# metrics drawn in the schedule panel rather than with the model's metrics
+_SCHEDULE_KEYS = ("n_candidates", "n_kept", "blocks_uploaded")
+_NOT_PLOTTED = {"updates", "iteration", "step", "phase"}
+
+
+def _num(v) -> float:
+    if isinstance(v, bool) or v is None:
+        return math.nan
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return math.nan
+    return f if math.isfinite(f) else math.nan
+
+
+def _pos(v) -> float:
+    """For log axes: non-positive values are not drawn."""
+    f = _num(v)
+    return f if f > 0 else math.nan
+
+
+def _params_text(params: dict, limit: int = 120) -> str:
+    text = ", ".join(f"{k}={v}" for k, v in params.items()
+                     if v is not None and k not in ("callback", "backend", "show_progress"))
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class FitView:
+    """Figures for one fit; ``update(fit)`` streams the rounds it has not shown yet."""
+
+    def __init__(self, fit: FitState, max_rounds: int):
+        from bokeh.layouts import column, row
+        from bokeh.models import ColumnDataSource, DataTable, Div, TableColumn
+
+        self.fit_id = fit.fit_id
+        self.max_rounds = max_rounds
+        self.seq = 0
+        self.n_events = -1
+        self.n_workers = max(len(fit.push_total), 1)
+        first = fit.rounds[-1] if fit.rounds else {}
+        self.primary = fit.primary_metric
+        self.metric_keys = [k for k, v in first.items()
+                            if k not in ("round", "time", "round_s", "push_s", "idle_s", "kind")
+                            and not k.startswith("bytes_") and k not in _NOT_PLOTTED
+                            and k not in _SCHEDULE_KEYS and k != self.primary
+                            and isinstance(v, (int, float)) and not isinstance(v, bool)]
+        self.byte_keys = [k for k in first if k.startswith("bytes_")]
+        self.sched_keys = [k for k in _SCHEDULE_KEYS if k in first]
+        self.has_prio = isinstance(first.get("priority_q"), (list, tuple))
+        self.key_signature = self.signature(fit)
+        self.cum = {k: 0.0 for k in self.byte_keys}
+
+        cols = ["round", "time", "primary"] + [f"m_{k}" for k in self.metric_keys]
+        cols += [f"push_{w}" for w in range(self.n_workers)]
+        cols += [f"idle_{w}" for w in range(self.n_workers)]
+        cols += [f"cum_{k}" for k in self.byte_keys] + [f"s_{k}" for k in self.sched_keys]
+        if self.has_prio:
+            cols += [f"pq{i}" for i in range(5)]
+        self.source = ColumnDataSource({c: [] for c in cols})
+        self.events = ColumnDataSource({"time": [], "kind": [], "round": [], "detail": []})
+
+        workers = fit.worker_names() or [f"partition-{w}" for w in range(self.n_workers)]
+        figs = []
+        figs.append(self._figure(f"{self.primary} vs time", "time (s)", [("primary", self.primary)],
+                                 x="time", log=True))
+        figs.append(self._figure(f"{self.primary} vs round", "round",
+                                 [("primary", self.primary)], log=True))
+        if self.metric_keys:
+            figs.append(self._figure("other metrics vs round", "round",
+                                     [(f"m_{k}", k) for k in self.metric_keys], log=True))
+        figs.append(self._figure("push time per worker (s)", "round",
+                                 [(f"push_{w}", workers[w] if w < len(workers) else str(w))
+                                  for w in range(self.n_workers)]))
+        figs.append(self._figure("idle (barrier wait) time per worker (s)", "round",
+                                 [(f"idle_{w}", workers[w] if w < len(workers) else str(w))
+                                  for w in range(self.n_workers)]))
+        if self.byte_keys:
+            figs.append(self._figure("bytes moved, cumulative", "round",
+                                     [(f"cum_{k}", k[len("bytes_"):]) for k in self.byte_keys]))
+        if self.sched_keys:
+            figs.append(self._figure("schedule: variables per round", "round",
+                                     [(f"s_{k}", k) for k in self.sched_keys]))
+        if self.has_prio:
+            figs.append(self._priority_figure())
+        table = DataTable(source=self.events, height=160, width=700, index_position=None,
+                          columns=[TableColumn(field="time", title="time (s)"),
+                                   TableColumn(field="kind", title="event"),
+                                   TableColumn(field="round", title="round"),
+                                   TableColumn(field="detail", title="detail")])
+        grid = [row(*figs[i:i + 2]) for i in range(0, len(figs), 2)]
+        self.root = column(*grid, Div(text="<b>checkpoints and worker losses</b>"), table)
+
+    @staticmethod
+    def signature(fit: FitState) -> tuple:
+        first = fit.rounds[-1] if fit.rounds else {}
+        return (tuple(sorted(first)), len(fit.push_total))
+
+    def _figure(self, title, xlabel, series, x="round", log=False):
+        from bokeh.models import HoverTool
+        from bokeh.plotting import figure
+
+        fig = figure(title=title, height=260, width=540, x_axis_label=xlabel,
+                     y_axis_type="log" if log else "linear", tools="pan,wheel_zoom,box_zoom,reset",
+                     output_backend="canvas")
+        for i, (col, label) in enumerate(series):
+            fig.line(x, col, source=self.source, legend_label=str(label),
+                     color=_PALETTE[i % len(_PALETTE)], line_width=2)
+        fig.add_tools(HoverTool(tooltips=[(x, f"@{x}")] + [(str(lab), f"@{c}")
+                                                           for c, lab in series]))
+        fig.legend.location = "top_right"
+        fig.legend.click_policy = "hide"
+        return fig
+
+    def _priority_figure(self):
+        from bokeh.plotting import figure
+
+        fig = figure(title="priority of the scheduled variables (min, quartiles, max)",
+                     height=260, width=540, x_axis_label="round", y_axis_type="log",
+                     tools="pan,wheel_zoom,box_zoom,reset")
+        fig.varea("round", "pq0", "pq4", source=self.source, fill_alpha=0.15, color=_PALETTE[0],
+                  legend_label="min-max")
+        fig.varea("round", "pq1", "pq3", source=self.source, fill_alpha=0.35, color=_PALETTE[0],
+                  legend_label="quartiles")
+        fig.line("round", "pq2", source=self.source, color=_PALETTE[0], line_width=2,
+                 legend_label="median")
+        fig.legend.location = "top_right"
+        return fig
+
+    def update(self, fit: FitState) -> None:
+        rows = fit.rounds_since(self.seq)
+        self.seq = fit.n_rounds
+        if rows:
+            new = {c: [] for c in self.source.data}
+            for rec in rows:
+                new["round"].append(rec.get("round"))
+                new["time"].append(_num(rec.get("time")))
+                new["primary"].append(_pos(rec.get(self.primary)))
+                for k in self.metric_keys:
+                    new[f"m_{k}"].append(_pos(rec.get(k)))
+                for name in ("push", "idle"):
+                    vals = rec.get(f"{name}_s") or []
+                    for w in range(self.n_workers):
+                        new[f"{name}_{w}"].append(_num(vals[w]) if w < len(vals) else math.nan)
+                for k in self.byte_keys:
+                    self.cum[k] += _num(rec.get(k)) if math.isfinite(_num(rec.get(k))) else 0.0
+                    new[f"cum_{k}"].append(self.cum[k])
+                for k in self.sched_keys:
+                    new[f"s_{k}"].append(_num(rec.get(k)))
+                if self.has_prio:
+                    q = rec.get("priority_q")
+                    q = q if isinstance(q, (list, tuple)) and len(q) == 5 else [math.nan] * 5
+                    for i in range(5):
+                        new[f"pq{i}"].append(_pos(q[i]))
+            self.source.stream(new, rollover=self.max_rounds)
+        if len(fit.events) != self.n_events:
+            self.n_events = len(fit.events)
+            t0 = fit.info.get("started")
+            evs = [e for e in fit.events if e.get("kind") in
+                   ("checkpoint", "worker_lost", "recovered", "fit_end")]
+            self.events.data = {
+                "time": [f"{e['time'] - t0:.1f}" if t0 else "" for e in evs],
+                "kind": [str(e.get("kind")) for e in evs],
+                "round": [str(e.get("round", e.get("resumed_round", e.get("n_rounds", ""))))
+                          for e in evs],
+                "detail": [str(e.get("error", e.get("status", "")))[:100] for e in evs]}
+
+
+class DMPPage:
+    """The whole page: fit table + selector, status line, the selected fit's figures."""
+
+    def __init__(self, scheduler):
+        from bokeh.layouts import column, row
+        from bokeh.models import ColumnDataSource, DataTable, Div, Select, TableColumn
+
+        self.scheduler = scheduler
+        self.view: FitView | None = None
+        self.follow_newest = True
+        self.title = Div(text="<h2>dmp: model-parallel training</h2>")
+        self.status = Div(text="waiting for a dmp fit on this cluster...", width=1100)
+        self.select = Select(title="fit", options=[], value="", width=420)
+        self.select.on_change("value", self._on_select)
+        self.fits = ColumnDataSource({c: [] for c in ("fit", "estimator", "status", "round",
+                                                      "metric", "value", "params")})
+        self.table = DataTable(source=self.fits, height=130, width=1100, index_position=None,
+                               columns=[TableColumn(field=c, title=c) for c in
+                                        ("fit", "estimator", "status", "round", "metric",
+                                         "value", "params")])
+        self.body = column(Div(text=""))
+        self.root = column(self.title, row(self.select), self.status, self.table, self.body)
+        self._setting = False
+
+    def _state(self):
+        from .plugin import current_monitor
+
+        mon = current_monitor(self.scheduler)
+        return None if mon is None else mon.state
+
+    def _on_select(self, attr, old, new) -> None:
+        if not self._setting:
+            self.follow_newest = False
+
+    def update(self) -> None:
+        state = self._state()
+        if state is None or not state.fits:
+            return
+        fits = list(state.fits.values())
+        ids = [f.fit_id for f in fits]
+        self.fits.data = {
+            "fit": ids, "estimator": [f.estimator for f in fits],
+            "status": [f.status for f in fits], "round": [f.last_round for f in fits],
+            "metric": [f.primary_metric for f in fits],
+            "value": [format_value(f.last_metrics().get(f.primary_metric)) for f in fits],
+            "params": [_params_text(f.info.get("params") or {}) for f in fits]}
+        labels = [f"{f.fit_id} ({f.status})" for f in fits]
+        options = list(zip(ids, labels))
+        self._setting = True
+        try:
+            if self.select.options != options:
+                self.select.options = options
+            chosen = self.select.value
+            if self.follow_newest or chosen not in ids:
+                running = [f.fit_id for f in fits if f.status == "running"]
+                chosen = running[-1] if running else ids[-1]
+            if self.select.value != chosen:
+                self.select.value = chosen
+        finally:
+            self._setting = False
+        fit = state.fits[chosen]
+        if not fit.rounds:
+            self.status.text = f"<b>{fit.fit_id}</b>: starting..."
+            return
+        if (self.view is None or self.view.fit_id != fit.fit_id
+                or self.view.key_signature != FitView.signature(fit)):
+            self.view = FitView(fit, state.max_rounds)
+            self.body.children = [self.view.root]
+        self.view.update(fit)
+        self.status.text = self._status_text(fit)
+
+    @staticmethod
+    def _status_text(fit: FitState) -> str:
+        m = fit.last_metrics()
+        metrics = " &middot; ".join(f"{k} {format_value(v)}" for k, v in m.items()
+                                    if k not in _NOT_PLOTTED)
+        total = fit.info.get("max_iter")
+        elapsed = fit.rounds[-1].get("time", 0.0) if fit.rounds else 0.0
+        ck = (f"checkpoints {fit.n_checkpoints} (last at round {fit.last_checkpoint_round})"
+              if fit.n_checkpoints else "no checkpoint yet")
+        return (f"<b>{fit.estimator}</b> <code>{fit.fit_id}</code> ({fit.status}) &middot; "
+                f"<b>round {fit.last_round}</b>{'' if total is None else f' / {total}'} &middot; "
+                f"{metrics} &middot; elapsed {_num(elapsed):.1f} s<br>{ck} &middot; "
+                f"worker losses {fit.n_worker_losses}, recoveries {fit.n_recoveries} &middot; "
+                f"params: {_params_text(fit.info.get('params') or {}, 400)}")
+
+
+def dmp_doc(scheduler, extra, doc) -> None:
+    """Bokeh document function, ``(scheduler, extra, doc)`` like the dashboard's own pages."""
+    page = DMPPage(scheduler)
+    page.update()
+    doc.title = "Dask: dmp"
+    doc.add_root(page.root)
+    doc.add_periodic_callback(page.update, UPDATE_MS)
+    try:   # the dashboard's template: its navigation bar and style
+        from distributed.dashboard.components.scheduler import env
+
+        doc.template = env.get_template("simple.html")
+        doc.template_variables.update(extra)
+    except Exception:
+        pass
