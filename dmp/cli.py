@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     mo = sub.add_parser("monitor", help="follow the dmp fits running on a Dask cluster")
     mo.add_argument("address", help="scheduler address, e.g. tcp://127.0.0.1:8786")
     mo.add_argument("--exit-when-done", action="store_true",
-                    help="return once a fit was seen and none is running")
+                    help="return once a fit was followed and none is running any more")
     mo.add_argument("--timeout", type=float, default=None, help="return after this many seconds")
     mo.add_argument("--interval", type=float, default=1.0,
                     help="seconds between progress lines of one fit (default 1)")

@@ -12,7 +12,8 @@ A pipeline is a YAML file::
     checkpoint_every: 20
     output: runs/lasso
 
-The output folder receives ``coef.zarr``, ``metrics.json``, ``convergence.png`` and a copy of
+The output folder receives ``coef.zarr``, ``metrics.json``, ``convergence.png``, one
+``training-<run>.png`` per fit (the dashboard's figures, `dmp.plotting.plot_training`) and a copy of
 the pipeline; it is written under a temporary name and renamed when complete.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import time
 import uuid
@@ -219,7 +221,8 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
     client, cluster = _start_cluster(spec, scheduler, workers)
     tmp_out = out.parent / f"{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
-        log(f"Dask dashboard: {client.dashboard_link}")
+        link = client.dashboard_link
+        log(f"Dask dashboard: {link}  (live dmp page: {link.rsplit('/status', 1)[0]}/dmp)")
         if ratio is not None:
             params["alpha"] = float(ratio) * _alpha_max(client, ds, fit_intercept)
             log(f"alpha = {ratio} x alpha_max = {params['alpha']:.6g}")
@@ -290,6 +293,12 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
         else:
             _write_coef(tmp_out / "coef.zarr", main)
             plot_convergence(labelled, path=str(tmp_out / "convergence.png"))
+        from .plotting import plot_training
+
+        for label, h in labelled.items():
+            safe = re.sub(r"[^A-Za-z0-9_.+=-]+", "_", label)
+            plot_training(h, path=str(tmp_out / f"training-{safe}.png"),
+                          title=f"{est_spec['class']} {label}")
         with open(tmp_out / "metrics.json", "w") as f:
             json.dump(metrics, f, indent=2, default=_json_default)
         shutil.copy(spec["_path"], tmp_out / "pipeline.yaml")

@@ -36,6 +36,8 @@ def test_dmp_run_small_pipeline(tmp_path, capsys):
     assert np.count_nonzero(coef) == metrics["runs"]["priority"]["nnz_coef"]
     png = (out / "convergence.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    for label in ("schedule=priority", "schedule=round_robin"):
+        assert (out / f"training-{label}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # nothing half-written is left next to the output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 

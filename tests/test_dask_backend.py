@@ -1,10 +1,12 @@
 """The Lasso on a real multi-process LocalCluster: same answer as in-process, data loaded on
 the workers, recovery from a killed worker."""
 
+import json
 import logging
 import os
 import pickle
 import signal
+import urllib.request
 
 import numpy as np
 import pytest
@@ -121,6 +123,14 @@ def test_killed_worker_resumes_from_checkpoint(tmp_path):
 
         est = Lasso(backend="dask", checkpoint=str(tmp_path / "ckpt.zarr"),
                     checkpoint_every=10, callback=kill_once, **kw).fit(X, y)
+        # the live monitor saw the checkpoints, the loss and the recovery
+        base = client.dashboard_link.rsplit("/status", 1)[0]
+        with urllib.request.urlopen(base + "/dmp/api/metrics.json", timeout=10) as resp:
+            fit, = json.load(resp)["fits"]
+    assert (fit["n_worker_losses"], fit["n_recoveries"]) == (1, 1)
+    assert fit["n_checkpoints"] >= 2 and fit["status"] == "converged"
+    kinds = [e["kind"] for e in fit["events"]]
+    assert kinds.index("worker_lost") < kinds.index("recovered") < kinds.index("fit_end")
     assert killed == [25]
     assert len(est.recoveries_) == 1
     assert est.recoveries_[0]["resumed_round"] in (10, 20)

@@ -45,7 +45,7 @@ def plain(value, _depth: int = 0):
         return float(value)
     if isinstance(value, np.generic):
         return value.item()
-    if _depth > 4:
+    if _depth > 10:
         return _short_repr(value)
     if isinstance(value, np.ndarray):
         return value.tolist() if value.size <= 1024 else _short_repr(value)

@@ -80,7 +80,8 @@ def follow(address, *, out=None, exit_when_done: bool = False, timeout: float | 
     address : str or distributed.Client
         Scheduler address (``tcp://host:8786``) or a connected client.
     exit_when_done : bool
-        Return once at least one fit was seen and none is running.
+        Return once a fit that had not finished when following began was seen and no fit
+        is running.
     timeout : float, optional
         Return after this many seconds.
     interval : float
@@ -114,13 +115,15 @@ def follow(address, *, out=None, exit_when_done: bool = False, timeout: float | 
         client.subscribe_topic(TOPIC, inbox.put)
         for event in client.get_events(TOPIC):
             printer.handle(event)
+        finished_before = {f for f in printer.state.fits if f not in printer.running()}
         t0 = time.monotonic()
         while True:
             try:
                 printer.handle(inbox.get(timeout=0.2))
             except queue.Empty:
                 pass
-            if exit_when_done and printer.state.fits and not printer.running():
+            if (exit_when_done and set(printer.state.fits) - finished_before
+                    and not printer.running()):
                 break
             if timeout is not None and time.monotonic() - t0 >= timeout:
                 break

@@ -1,0 +1,515 @@
+"""Live monitor: event aggregation, JSON route, Prometheus series, Bokeh page, CLI follower."""
+
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from conftest import alpha_max, make_problem
+from dmp.engine.events import FitEvents, finite_or_none, monitor_enabled, plain
+from dmp.monitor import JSON_PATH, DMPMonitor, MonitorState, ensure_monitor, plot_history
+from dmp.monitor.state import FitState
+
+# ---------------------------------------------------------------------------------------
+# helpers
+
+
+def _round_msg(fit, r, n_workers=2, objective=None, **extra):
+    push = [0.01 * (r + 1) * (k + 1) for k in range(n_workers)]
+    return {"kind": "round", "fit": fit, "round": r, "time": 0.1 * (r + 1),
+            "round_s": 0.05 * (r + 1), "push_s": push, "idle_s": [0.001 * r] * n_workers,
+            "bytes_push": 100 * (r + 1), "bytes_pull": 10, "bytes_schedule": 3,
+            "objective": 1.0 / (r + 1) if objective is None else objective, **extra}
+
+
+def _base(client):
+    return client.dashboard_link.rsplit("/status", 1)[0]
+
+
+def _get(url, timeout=10):
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return resp.status, resp.read().decode()
+
+
+def _dmp_series(text):
+    """{(name, frozenset(labels)): value} of the dmp_* samples in a Prometheus exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name.startswith("dmp_"):
+                out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def _same(a, b):
+    """JSON value vs history value: exact, NaN <-> None, sequences elementwise."""
+    if isinstance(b, np.ndarray) or isinstance(b, (list, tuple)):
+        b = list(np.asarray(b).tolist())
+        return isinstance(a, list) and len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(b, (float, np.floating)) and not math.isfinite(b):
+        return a is None
+    if isinstance(b, np.generic):
+        b = b.item()
+    return a == b
+
+
+def _assert_rounds_match_history(rounds, history):
+    n = len(history["round"])
+    assert len(rounds) == n
+    for key, values in history.items():
+        jkey = "round_kind" if key == "kind" else key
+        for i in range(n):
+            assert _same(rounds[i][jkey], values[i]), (key, i, rounds[i][jkey], values[i])
+
+
+# ---------------------------------------------------------------------------------------
+# state, events, plotting (no cluster)
+
+
+def test_state_totals_and_bounds():
+    state = MonitorState(max_fits=2, max_rounds=5)
+    state.handle({"kind": "fit_start", "fit": "Lasso-aaaa0001", "estimator": "Lasso",
+                  "params": {"alpha": 0.1}, "workers": ["w0", "w1"], "max_iter": 50})
+    for r in range(12):
+        state.handle(_round_msg("Lasso-aaaa0001", r))
+    fit = state.fits["Lasso-aaaa0001"]
+    assert fit.n_rounds == 12 and len(fit.rounds) == 5           # bounded
+    assert [r["round"] for r in fit.rounds] == list(range(7, 12))
+    msgs = [_round_msg("x", r) for r in range(12)]
+    for k in range(2):                                             # totals count every round
+        assert fit.push_total[k] == pytest.approx(sum(m["push_s"][k] for m in msgs), rel=1e-12)
+    assert fit.bytes_total == {"push": sum(m["bytes_push"] for m in msgs), "pull": 120,
+                               "schedule": 36}
+    assert fit.worker_names() == ["w0", "w1"]
+    assert fit.summary()["value"] == pytest.approx(1 / 12)
+    # sequence numbers: only what is still kept, from 'since' on
+    assert [r["round"] for r in fit.rounds_since(0)] == list(range(7, 12))
+    assert [r["round"] for r in fit.rounds_since(10)] == [10, 11]
+    assert fit.rounds_since(12) == []
+    snap = state.snapshot(since=9)
+    assert snap["fits"][0]["first_seq"] == 9 and len(snap["fits"][0]["rounds"]) == 3
+
+
+def test_state_drops_finished_fits_first_and_ignores_foreign_events():
+    state = MonitorState(max_fits=2, max_rounds=10)
+    state.handle(_round_msg("A-1", 0))
+    state.handle({"kind": "fit_end", "fit": "A-1", "status": "converged"})
+    state.handle(_round_msg("B-2", 0))
+    state.handle(_round_msg("C-3", 0))
+    assert list(state.fits) == ["B-2", "C-3"]
+    for junk in (None, "text", {"kind": "round"}, {"fit": 3}, ["a"]):
+        state.handle(junk)
+    assert state.n_events == 4
+    state.handle({"kind": "checkpoint", "fit": "B-2", "round": 10})
+    state.handle({"kind": "worker_lost", "fit": "B-2", "round": 12, "error": "boom"})
+    state.handle({"kind": "recovered", "fit": "B-2", "resumed_round": 10, "workers": ["z"]})
+    b = state.fits["B-2"]
+    assert (b.n_checkpoints, b.last_checkpoint_round, b.n_worker_losses, b.n_recoveries) == \
+        (1, 10, 1, 1)
+    assert [e["kind"] for e in b.events] == ["checkpoint", "worker_lost", "recovered"]
+    with pytest.raises(ValueError):
+        MonitorState(max_rounds=0)
+
+
+def test_plain_and_json_safety():
+    msg = plain({"a": np.float64(1.5), "b": np.int64(3), "c": np.arange(3), "d": (1, 2),
+                 "e": {"f": np.bool_(True)}, "g": object, "h": float("nan")})
+    assert msg["a"] == 1.5 and type(msg["b"]) is int and msg["c"] == [0, 1, 2]
+    assert msg["d"] == [1, 2] and msg["e"] == {"f": True} and isinstance(msg["g"], str)
+    text = json.dumps(finite_or_none(msg), allow_nan=False)
+    assert json.loads(text)["h"] is None
+
+
+def test_events_disabled_on_local_backend_and_by_config():
+    import dask
+
+    from dmp.engine.backends.local import LocalBackend
+
+    ev = FitEvents(LocalBackend(1), program=None, desc="Lasso")
+    assert not ev.enabled and ev.fit_id.startswith("Lasso-")
+    assert monitor_enabled()
+    with dask.config.set({"dmp.monitor": False}):
+        assert not monitor_enabled()
+    with dask.config.set({"dmp.monitor": "off"}):
+        assert not monitor_enabled()
+
+
+def test_prometheus_collector_matches_state():
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import generate_latest
+
+    from dmp.monitor import prometheus
+
+    mon = DMPMonitor(max_rounds=3)
+    mon.log_event("dmp", {"kind": "fit_start", "fit": "MF-00000001",
+                          "estimator": "MatrixFactorization", "workers": ["a", "b"]})
+    msgs = [_round_msg("MF-00000001", r) for r in range(7)]
+    for m in msgs:
+        mon.log_event("dmp", m)
+    mon.log_event("other-topic", _round_msg("MF-00000001", 99))  # not ours: ignored
+    mon.log_event("dmp", {"kind": "worker_lost", "fit": "MF-00000001", "round": 5})
+    assert prometheus.track(mon)
+    try:
+        series = _dmp_series(generate_latest().decode())
+    finally:
+        prometheus.untrack(mon)
+    lab = {"fit": "MF-00000001", "estimator": "MatrixFactorization"}
+
+    def get(name, **more):
+        return series[(name, frozenset({**lab, **more}.items()))]
+
+    assert get("dmp_rounds_total") == 7
+    assert get("dmp_objective") == 1 / 7
+    assert get("dmp_worker_losses_total") == 1
+    for k, w in enumerate("ab"):
+        assert get("dmp_push_seconds_total", worker=w) == pytest.approx(
+            sum(m["push_s"][k] for m in msgs), rel=1e-12)
+    assert get("dmp_bytes_total", primitive="push") == sum(m["bytes_push"] for m in msgs)
+    assert get("dmp_fit_running", status="running") == 1
+    # untracked: gone from the exposition
+    assert not any(k[0] == "dmp_rounds_total" and ("fit", "MF-00000001") in k[1]
+                   for k in _dmp_series(generate_latest().decode()))
+
+
+def test_page_view_streams_rounds():
+    pytest.importorskip("bokeh")
+    from dmp.monitor.page import DMPPage
+
+    mon = DMPMonitor()
+
+    class FakeScheduler:
+        plugins = {"dmp-monitor": mon}
+
+    page = DMPPage(FakeScheduler())
+    page.update()                                    # nothing yet: no error, no view
+    assert page.view is None
+    mon.log_event("dmp", {"kind": "fit_start", "fit": "Lasso-00000002", "estimator": "Lasso",
+                          "params": {"alpha": 0.5}, "max_iter": 40, "workers": ["w0", "w1"]})
+    for r in range(4):
+        mon.log_event("dmp", _round_msg("Lasso-00000002", r, dual_gap=0.1 / (r + 1),
+                                        n_candidates=8, n_kept=5,
+                                        priority_q=(0.0, 1.0, 2.0, 3.0, 4.0)))
+    page.update()
+    src = page.view.source.data
+    assert src["round"] == [0, 1, 2, 3]
+    assert src["primary"] == [1.0, 0.5, 1 / 3, 0.25]
+    assert src["m_dual_gap"] == pytest.approx([0.1, 0.05, 0.1 / 3, 0.025])
+    assert src["cum_bytes_push"] == [100, 300, 600, 1000]
+    assert src["push_1"] == pytest.approx([0.02, 0.04, 0.06, 0.08])
+    assert src["pq4"] == [4.0] * 4 and src["s_n_kept"] == [5] * 4
+    assert "round 3</b> / 40" in page.status.text and "alpha=0.5" in page.status.text
+    for r in range(4, 6):
+        mon.log_event("dmp", _round_msg("Lasso-00000002", r, dual_gap=0.01, n_candidates=8,
+                                        n_kept=5, priority_q=(0.0, 1.0, 2.0, 3.0, 4.0)))
+    page.update()                                    # only the new rounds are streamed
+    assert page.view.source.data["round"] == list(range(6))
+    # a second fit starts: the page follows the newest running fit, the table lists both
+    mon.log_event("dmp", {"kind": "fit_end", "fit": "Lasso-00000002", "status": "converged"})
+    mon.log_event("dmp", _round_msg("SGD-00000003", 0))
+    page.update()
+    assert page.fits.data["fit"] == ["Lasso-00000002", "SGD-00000003"]
+    assert page.fits.data["status"] == ["converged", "running"]
+    assert page.select.value == "SGD-00000003" and page.view.fit_id == "SGD-00000003"
+
+
+def test_plot_history_writes_png(tmp_path):
+    history = {"round": np.arange(5), "time": np.linspace(0.1, 0.5, 5),
+               "objective": 1.0 / np.arange(1, 6), "push_s": np.full((5, 2), 0.01),
+               "idle_s": np.full((5, 2), 0.002), "bytes_push": np.full(5, 100)}
+    path = plot_history(history, path=str(tmp_path / "training.png"))
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no 'dual_gap'"):
+        plot_history(history, metric="dual_gap")
+    with pytest.raises(ValueError, match="empty"):
+        plot_history({})
+
+
+# ---------------------------------------------------------------------------------------
+# a real LocalCluster
+
+
+@pytest.mark.dask
+def test_fit_registers_monitor_json_and_prometheus_match_history(dask_client):
+    from dmp.decomposition import MatrixFactorization
+    from dmp.linear_model import Lasso
+
+    X, y = make_problem(n=200, p=400, seed=3)
+    lasso = Lasso(alpha=0.05 * alpha_max(X, y), random_state=0, n_workers=2).fit(X, y)
+    rng = np.random.default_rng(0)
+    import scipy.sparse as sp
+    R = sp.random(60, 40, density=0.3, random_state=1, format="coo")
+    R.data = rng.uniform(1, 5, R.nnz)
+    mf = MatrixFactorization(n_components=3, max_iter=3, random_state=0, n_workers=2).fit(R)
+
+    base = _base(dask_client)
+    status, text = _get(base + JSON_PATH)
+    assert status == 200
+    fits = {f["estimator"]: f for f in json.loads(text)["fits"]}
+    assert set(fits) >= {"Lasso", "MatrixFactorization"}    # shown separately
+    fl, fm = fits["Lasso"], fits["MatrixFactorization"]
+    assert fl["params"]["alpha"] == lasso.alpha and fm["params"]["n_components"] == 3
+    assert fl["status"] == "converged" and fl["n_rounds"] == lasso.n_iter_
+    _assert_rounds_match_history(fl["rounds"], lasso.history_)
+    _assert_rounds_match_history(fm["rounds"], mf.history_)
+    assert fl["value"] == lasso.history_["objective"][-1]
+    # one fit by query argument; 'since' pages through rounds
+    _, one = _get(f"{base}{JSON_PATH}?fit={fl['fit']}&since=2")
+    one = json.loads(one)["fits"]
+    assert len(one) == 1 and one[0]["rounds"][0]["round"] == lasso.history_["round"][2]
+    with pytest.raises(urllib.error.HTTPError) as err:
+        _get(f"{base}{JSON_PATH}?since=abc")
+    assert err.value.code == 400
+
+    _, prom = _get(base + "/metrics")
+    series = _dmp_series(prom)
+    lab = {"fit": fl["fit"], "estimator": "Lasso"}
+    assert series[("dmp_rounds_total", frozenset(lab.items()))] == len(lasso.history_["round"])
+    assert series[("dmp_objective", frozenset(lab.items()))] == lasso.history_["objective"][-1]
+    push = np.asarray(lasso.history_["push_s"])
+    for k, worker in enumerate(fl["workers"]):
+        got = series[("dmp_push_seconds_total", frozenset({**lab, "worker": worker}.items()))]
+        assert got == pytest.approx(push[:, k].sum(), rel=1e-12)
+    for prim in ("push", "pull", "schedule"):
+        got = series[("dmp_bytes_total", frozenset({**lab, "primitive": prim}.items()))]
+        assert got == lasso.history_[f"bytes_{prim}"].sum()
+
+    # registering again (idempotent, or a replacing instance) keeps what was collected
+    assert ensure_monitor(dask_client)
+    replacing = DMPMonitor()
+    replacing.idempotent = False
+    dask_client.register_plugin(replacing, name="dmp-monitor")
+    _, again = _get(base + JSON_PATH)
+    assert {f["fit"] for f in json.loads(again)["fits"]} >= {fl["fit"], fm["fit"]}
+    status, page = _get(base + "/dmp")
+    assert status == 200 and "bokeh" in page.lower()
+
+
+@pytest.mark.dask
+def test_monitor_off_by_config_sends_nothing():
+    import dask
+    from distributed import Client, LocalCluster
+
+    from dmp.linear_model import Lasso
+
+    X, y = make_problem(n=100, p=200, seed=4)
+    with dask.config.set({"dmp.monitor": False}), \
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                         dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+            Client(cluster) as client:
+        Lasso(alpha=0.1 * alpha_max(X, y), backend="dask").fit(X, y)
+        assert "dmp-monitor" not in cluster.scheduler.plugins
+        assert client.get_events("dmp") == ()
+
+
+@pytest.mark.dask
+def test_preload_lists_page_in_dashboard_menu():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=":0", silence_logs=logging.ERROR,
+                      scheduler_kwargs={"preload": ["dmp.monitor.preload"]}) as cluster, \
+            Client(cluster) as client:
+        assert isinstance(cluster.scheduler.plugins.get("dmp-monitor"), DMPMonitor)
+        base = _base(client)
+        _, status_page = _get(base + "/status")
+        assert "individual-dmp-training" in status_page         # the "More..." menu
+        code, page = _get(base + "/individual-dmp-training")
+        assert code == 200 and "bokeh" in page.lower()
+        code, page = _get(base + "/dmp")
+        assert code == 200 and "bokeh" in page.lower()
+        _, data = _get(base + JSON_PATH)
+        assert json.loads(data)["fits"] == []
+
+
+_NO_MODULE_SCHEDULER = textwrap.dedent("""
+    import asyncio, json, sys, urllib.request
+    sys.modules[sys.argv[1]] = None          # as if it were not installed
+    from distributed import Scheduler
+
+    async def main():
+        async with Scheduler(port=0, dashboard_address="127.0.0.1:0") as s:
+            from dmp.monitor import DMPMonitor
+            await s.register_scheduler_plugin(DMPMonitor(), name="dmp-monitor",
+                                              idempotent=True)
+            s.log_event("dmp", {"kind": "round", "fit": "X-1", "round": 0, "time": 0.5,
+                                "push_s": [0.1], "objective": 2.0})
+            port = s.http_server.port
+            def fetch(path):
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}",
+                                                timeout=20) as r:
+                        return [r.status, r.read().decode()]
+                except Exception as exc:
+                    return [getattr(exc, "code", -1), str(exc)]
+
+            loop = asyncio.get_running_loop()
+            out = {}
+            for path in ("/dmp", "/dmp/api/metrics.json", "/metrics"):
+                out[path] = await loop.run_in_executor(None, fetch, path)
+            print("RESULT" + json.dumps(out))
+
+    asyncio.run(main())
+""")
+
+
+@pytest.mark.dask
+@pytest.mark.parametrize("missing", ["bokeh", "prometheus_client"])
+def test_scheduler_without_bokeh_or_prometheus_degrades_gracefully(missing):
+    proc = subprocess.run([sys.executable, "-c", _NO_MODULE_SCHEDULER, missing],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.split("RESULT", 1)[1])
+    code, body = out["/dmp/api/metrics.json"]
+    assert code == 200 and json.loads(body)["fits"][0]["value"] == 2.0
+    code, body = out["/dmp"]
+    if missing == "bokeh":
+        assert code == 200 and "needs bokeh" in body
+    else:
+        assert code == 200 and "bokeh" in body.lower()
+        assert "dmp_" not in out["/metrics"][1]
+
+
+_SCHEDULER_WITHOUT_DMP = textwrap.dedent("""
+    import asyncio, sys
+    sys.modules["dmp"] = None                # the scheduler cannot import dmp
+    from distributed import Nanny, Scheduler
+
+    async def main():
+        async with Scheduler(port=0, dashboard_address=":0") as s:
+            async with Nanny(s.address, nthreads=1, name="w0") as n:
+                print("ADDRESS", s.address, flush=True)
+                await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+
+    asyncio.run(main())
+""")
+
+
+@pytest.mark.dask
+def test_scheduler_without_dmp_warns_and_stays_healthy():
+    """Registration on a scheduler that cannot import dmp: a warning, no exception, and the
+    scheduler keeps working (dmp fits themselves need dmp there: Dask unpickles their task
+    graphs on the scheduler)."""
+    from distributed import Client
+
+    proc = subprocess.Popen([sys.executable, "-c", _SCHEDULER_WITHOUT_DMP],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("ADDRESS"), line
+        with Client(line.split()[1], timeout="10s") as client:
+            with pytest.warns(RuntimeWarning, match="dmp monitor could not be registered"):
+                assert ensure_monitor(client) is False
+            assert client.submit(sum, [1, 2, 3]).result(timeout=30) == 6
+            assert client.run_on_scheduler(lambda dask_scheduler: sorted(
+                dask_scheduler.plugins)).count("dmp-monitor") == 0
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
+
+
+@pytest.mark.dask
+def test_cli_follows_a_running_fit(dask_client):
+    from dmp.linear_model import Lasso
+
+    addr = dask_client.scheduler.address
+    proc = subprocess.Popen([sys.executable, "-m", "dmp.cli", "monitor", addr,
+                             "--exit-when-done", "--timeout", "120", "--interval", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3.0)   # let it subscribe before the fit starts
+    X, y = make_problem(n=200, p=400, seed=8)
+    est = Lasso(alpha=0.05 * alpha_max(X, y), random_state=0, n_workers=2).fit(X, y)
+    out, err = proc.communicate(timeout=150)
+    assert proc.returncode == 0, err[-2000:]
+    assert "started: Lasso(" in out
+    assert f"round {est.history_['round'][-1]}/" in out
+    assert "finished (converged)" in out
+
+
+def test_cli_monitor_unreachable_scheduler():
+    from dmp.cli import main
+
+    assert main(["monitor", "tcp://127.0.0.1:9", "--timeout", "1"]) == 2
+
+
+# ---------------------------------------------------------------------------------------
+# a real browser
+
+
+def _chromium():
+    for path in ("/usr/bin/chromium", "/usr/bin/chromium-browser"):
+        if os.path.exists(path):
+            return path
+    return None
+
+
+@pytest.mark.dask
+@pytest.mark.browser
+def test_dashboard_page_in_headless_chromium(dask_client):
+    import re
+
+    sync_api = pytest.importorskip("playwright.sync_api")
+    chromium = _chromium()
+    if chromium is None:
+        if os.environ.get("DMP_REQUIRE_BROWSER"):
+            pytest.fail("DMP_REQUIRE_BROWSER is set but /usr/bin/chromium is missing")
+        pytest.skip("no Chromium: install Debian's chromium package (.ci/install-browser)")
+    from dmp.linear_model import Lasso
+
+    X, y = make_problem(n=200, p=400, seed=9)
+    est = Lasso(alpha=0.05 * alpha_max(X, y), random_state=0, tol=0, max_iter=400,
+                n_workers=2, callback=lambda r, rec: time.sleep(0.03))
+    errors = []
+
+    def fit():
+        try:
+            est.fit(X, y)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    worker = threading.Thread(target=fit)
+    worker.start()
+    artifacts = os.environ.get("DMP_TEST_ARTIFACTS",
+                               os.path.join(os.path.dirname(__file__), "..", "test-artifacts"))
+    os.makedirs(artifacts, exist_ok=True)
+    try:
+        with sync_api.sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium, args=[
+                "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update",
+                "--disable-sync"])
+            try:
+                page = browser.new_page(viewport={"width": 1200, "height": 1700})
+                page.goto(_base(dask_client) + "/dmp")
+                status = page.get_by_text(re.compile(r"round \d+ / 400"))
+                status.first.wait_for(timeout=60_000)
+                first = int(re.search(r"round (\d+)", status.first.text_content()).group(1))
+                page.locator("canvas").first.wait_for(timeout=30_000)
+                deadline = time.monotonic() + 30
+                later = first
+                while later <= first and time.monotonic() < deadline:
+                    page.wait_for_timeout(500)
+                    text = page.get_by_text(re.compile(r"round \d+ / 400")).first.text_content()
+                    later = int(re.search(r"round (\d+)", text).group(1))
+                page.screenshot(path=os.path.join(artifacts, "dmp-dashboard.png"),
+                                full_page=True)
+                assert later > first, "the page did not update while the fit ran"
+                assert "objective" in text and "Lasso" in text
+                assert page.locator("canvas").count() >= 6
+            finally:
+                browser.close()
+    finally:
+        worker.join(timeout=120)
+    assert not errors
+    assert len(est.history_["round"]) == 400
