@@ -17,7 +17,6 @@ import pytest
 from conftest import alpha_max, make_problem
 from dmp.engine.events import FitEvents, finite_or_none, monitor_enabled, plain
 from dmp.monitor import JSON_PATH, DMPMonitor, MonitorState, ensure_monitor, plot_history
-from dmp.monitor.state import FitState
 
 # ---------------------------------------------------------------------------------------
 # helpers
@@ -120,6 +119,17 @@ def test_state_drops_finished_fits_first_and_ignores_foreign_events():
     assert [e["kind"] for e in b.events] == ["checkpoint", "worker_lost", "recovered"]
     with pytest.raises(ValueError):
         MonitorState(max_rounds=0)
+
+
+def test_state_unpacks_batches_in_order():
+    """The Dask backend sends a fit's queued events as one "batch" message."""
+    state = MonitorState()
+    batch = {"kind": "batch", "events": [_round_msg("F-1", r) for r in range(3)]
+             + [{"kind": "fit_end", "fit": "F-1", "status": "max_iter"}]}
+    state.handle(batch)
+    fit = state.fits["F-1"]
+    assert [r["round"] for r in fit.rounds] == [0, 1, 2] and fit.status == "max_iter"
+    assert state.n_events == 4
 
 
 def test_plain_and_json_safety():

@@ -45,6 +45,8 @@ class Program:
     """
 
     name = "program"
+    #: the metric the dashboard and ``dmp monitor`` put first
+    primary_metric = "objective"
     #: collect every partition's arrays at the end of the fit (for :meth:`finish`); False
     #: when the model lives on the driver and the partitions hold only auxiliary state
     gather_partitions = True
@@ -79,7 +81,10 @@ class Program:
         raise NotImplementedError
 
     def metrics(self) -> dict:
-        """Scalar metrics of the last pulled round, recorded in ``history_``."""
+        """Scalar metrics of the last pulled round, recorded in ``history_`` and sent to the
+        live monitor (`dmp.monitor`): ``objective`` (or the program's ``primary_metric``) is
+        plotted against time and round; keys named ``sched_<name>`` go to the dashboard's
+        schedule panel."""
         return {}
 
     def converged(self) -> bool:

@@ -32,6 +32,10 @@ class _Printer:
 
     def handle(self, event) -> None:
         ts, msg = event
+        if isinstance(msg, dict) and msg.get("kind") == "batch":
+            for m in msg.get("events") or ():
+                self.handle((ts, m))
+            return
         if not isinstance(msg, dict) or "fit" not in msg:
             return
         key = (ts, msg.get("fit"), msg.get("kind"), msg.get("round"))

@@ -16,7 +16,8 @@ from .state import FitState, format_value
 UPDATE_MS = 500
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
             "#7f7f7f", "#bcbd22", "#17becf")
-# metrics drawn in the schedule panel rather than with the model's metrics
+# metrics drawn in the schedule panel rather than with the model's metrics; a program can add
+# its own (block positions of a rotation, submodel positions on a ring) as "sched_<name>"
 _SCHEDULE_KEYS = ("n_candidates", "n_kept", "blocks_uploaded")
 _NOT_PLOTTED = {"updates", "iteration", "step", "phase"}
 
@@ -60,10 +61,12 @@ class FitView:
         self.metric_keys = [k for k, v in first.items()
                             if k not in ("round", "time", "round_s", "push_s", "idle_s", "kind")
                             and not k.startswith("bytes_") and k not in _NOT_PLOTTED
-                            and k not in _SCHEDULE_KEYS and k != self.primary
+                            and k not in _SCHEDULE_KEYS and not k.startswith("sched_")
+                            and k != self.primary
                             and isinstance(v, (int, float)) and not isinstance(v, bool)]
         self.byte_keys = [k for k in first if k.startswith("bytes_")]
-        self.sched_keys = [k for k in _SCHEDULE_KEYS if k in first]
+        self.sched_keys = [k for k in first if (k in _SCHEDULE_KEYS or k.startswith("sched_"))
+                           and isinstance(first[k], (int, float))]
         self.has_prio = isinstance(first.get("priority_q"), (list, tuple))
         self.key_signature = self.signature(fit)
         self.cum = {k: 0.0 for k in self.byte_keys}

@@ -44,7 +44,7 @@ class DMPMonitor(SchedulerPlugin):
     name = PLUGIN_NAME
     idempotent = True   # a second registration keeps the running instance
 
-    def __init__(self, max_fits: int = 32, max_rounds: int = 10_000):
+    def __init__(self, max_fits: int = 16, max_rounds: int = 5_000):
         if int(max_fits) < 1 or int(max_rounds) < 1:
             raise ValueError(f"max_fits and max_rounds must be >= 1, got {max_fits}, "
                              f"{max_rounds}")

@@ -14,11 +14,12 @@ _collector = None
 
 
 def available() -> bool:
+    import importlib.util
+
     try:
-        import prometheus_client  # noqa: F401
-    except ImportError:
+        return importlib.util.find_spec("prometheus_client") is not None
+    except (ImportError, ValueError):   # a module blocked with sys.modules[name] = None
         return False
-    return True
 
 
 def track(monitor) -> bool:

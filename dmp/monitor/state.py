@@ -139,7 +139,7 @@ class MonitorState:
     """Every fit the scheduler has heard of, newest last, at most ``max_fits`` of them
     (finished fits are dropped first) and ``max_rounds`` rounds each."""
 
-    def __init__(self, max_fits: int = 32, max_rounds: int = 10_000):
+    def __init__(self, max_fits: int = 16, max_rounds: int = 5_000):
         if max_fits < 1 or max_rounds < 1:
             raise ValueError("max_fits and max_rounds must be >= 1")
         self.max_fits = int(max_fits)
@@ -162,6 +162,10 @@ class MonitorState:
 
     def handle(self, msg) -> None:
         """Take one event message (anything that is not a dmp fit event is ignored)."""
+        if isinstance(msg, dict) and msg.get("kind") == "batch":
+            for m in msg.get("events") or ():
+                self.handle(m)
+            return
         if not isinstance(msg, dict) or not isinstance(msg.get("fit"), str):
             return
         self.n_events += 1
