@@ -523,3 +523,35 @@ def test_dashboard_page_in_headless_chromium(dask_client):
         worker.join(timeout=120)
     assert not errors
     assert len(est.history_["round"]) == 400
+
+
+@pytest.mark.dask
+def test_workers_holding_partitions_are_not_retired():
+    """Downscaling (adaptive, the operator's DaskAutoscaler, retire_workers(n=...)) never picks
+    a worker that holds a partition while a fit runs; afterwards it may."""
+    from distributed import Client, LocalCluster
+
+    from dmp.linear_model import Lasso
+
+    def closable(dask_scheduler):
+        return dask_scheduler.workers_to_close(n=2)
+
+    seen = []
+    X, y = make_problem(n=150, p=300, seed=11)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+            Client(cluster) as client:
+        def during(round, rec):
+            if round == 3:
+                seen.append(client.run_on_scheduler(closable))
+            return False
+
+        Lasso(alpha=0.05 * alpha_max(X, y), n_workers=2, tol=0, max_iter=8,
+              callback=during).fit(X, y)
+        assert seen == [[]]
+        deadline = time.monotonic() + 20
+        after = []
+        while len(after) < 2 and time.monotonic() < deadline:
+            after = client.run_on_scheduler(closable)
+            time.sleep(0.2)
+        assert len(after) == 2

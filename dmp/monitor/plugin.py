@@ -1,4 +1,5 @@
-"""The scheduler plugin: collects dmp fit events and serves them.
+"""The scheduler plugin: collects dmp fit events and serves them, and keeps workers that hold
+model partitions out of downscaling.
 
 Registered by every dmp fit on a Dask cluster (`ensure_monitor`, idempotent) or preloaded on
 the scheduler (`dmp.monitor.preload`, which also puts the page in the dashboard's menu).  On
@@ -70,6 +71,12 @@ class DMPMonitor(SchedulerPlugin):
         from . import prometheus
 
         prometheus.untrack(self)
+
+    def valid_workers_downscaling(self, scheduler, workers):
+        """Keep workers that hold a dmp partition out of downscaling (adaptive scaling, the
+        Kubernetes operator's DaskAutoscaler, ``retire_workers(n=...)``): a partition is an
+        actor, which cannot move, so retiring its worker would force a recovery."""
+        return [ws for ws in workers if not ws.actors]
 
     def log_event(self, topic, msg) -> None:
         if topic != TOPIC and not (isinstance(topic, (list, tuple)) and TOPIC in topic):
