@@ -1,4 +1,4 @@
-"""The ``dmp`` command line: ``dmp run``, ``dmp data``, ``dmp monitor``."""
+"""The ``dmp`` command line: ``dmp run``, ``dmp data``, ``dmp monitor``, ``dmp k8s``."""
 
 from __future__ import annotations
 
@@ -23,6 +23,26 @@ def _cmd_monitor(args) -> int:
         raise ValueError(f"--timeout must be positive, got {args.timeout}")
     follow(args.address, exit_when_done=args.exit_when_done, timeout=args.timeout,
            interval=args.interval)
+    return 0
+
+
+def _cmd_k8s_render(args) -> int:
+    from .k8s import render_job, to_yaml
+
+    doc = render_job(args.pipeline, workers=args.workers, image=args.image, memory=args.memory,
+                     cpu=args.cpu, pvc=None if args.no_pvc else args.pvc,
+                     storage_secret=args.storage_secret, name=args.name,
+                     namespace=args.namespace)
+    sys.stdout.write(to_yaml(doc))
+    return 0
+
+
+def _cmd_k8s_cluster(args) -> int:
+    from .k8s import render_cluster, to_yaml
+
+    sys.stdout.write(to_yaml(render_cluster(name=args.name, workers=args.workers,
+                                            image=args.image, memory=args.memory, cpu=args.cpu,
+                                            pvc=None if args.no_pvc else args.pvc)))
     return 0
 
 
@@ -120,6 +140,28 @@ def build_parser() -> argparse.ArgumentParser:
     mo.add_argument("--interval", type=float, default=1.0,
                     help="seconds between progress lines of one fit (default 1)")
     mo.set_defaults(func=_cmd_monitor)
+
+    k = sub.add_parser("k8s", help="Kubernetes manifests for the Dask operator")
+    ksub = k.add_subparsers(dest="k8s_command", required=True)
+    from .k8s import DEFAULT_IMAGE
+
+    for kname, khelp in (("render", "print a DaskJob that runs a pipeline"),
+                         ("cluster", "print a DaskCluster for interactive use")):
+        kp = ksub.add_parser(kname, help=khelp)
+        if kname == "render":
+            kp.add_argument("pipeline", help="pipeline YAML in pipelines/")
+            kp.add_argument("--storage-secret", default=None,
+                            help="Secret with object-store credentials (env of job + workers)")
+            kp.add_argument("--namespace", default=None)
+        kp.add_argument("--workers", type=int, default=2, help="worker pods (default 2)")
+        kp.add_argument("--image", default=DEFAULT_IMAGE, help=f"image (default {DEFAULT_IMAGE})")
+        kp.add_argument("--memory", default="4Gi", help="memory per worker (default 4Gi)")
+        kp.add_argument("--cpu", default="1", help="CPU request per worker (default 1)")
+        kp.add_argument("--pvc", default="dmp-data",
+                        help="ReadWriteMany claim mounted at /data (default dmp-data)")
+        kp.add_argument("--no-pvc", action="store_true", help="no volume (object-store data)")
+        kp.add_argument("--name", default=None if kname == "render" else "dmp")
+        kp.set_defaults(func=_cmd_k8s_render if kname == "render" else _cmd_k8s_cluster)
 
     d = sub.add_parser("data", help="build, convert and inspect datasets")
     dsub = d.add_subparsers(dest="data_command", required=True)

@@ -108,9 +108,16 @@ def _open_data(spec):
         return build_dataset(ref)
     p = Path(ref)
     if not p.is_absolute():
-        cand = Path(spec["_path"]).parent / ref
-        if cand.exists():
-            p = cand
+        here = Path(spec["_path"]).parent
+        # a recipe name: the datasets/ folder beside the pipeline's folder comes first (an
+        # installed dmp, e.g. in the container image, has no repository around it)
+        candidates = [here / ref]
+        if "/" not in str(ref) and not p.suffix:
+            candidates.append(here.parent / "datasets" / f"{ref}.yaml")
+        for cand in candidates:
+            if cand.exists():
+                p = cand
+                break
     if p.suffix in (".yaml", ".yml") or (not p.exists() and "/" not in str(ref)):
         return build_dataset(str(p) if p.exists() else ref)
     return open_dataset(str(p))
