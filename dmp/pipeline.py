@@ -10,7 +10,13 @@ A pipeline is a YAML file::
     compare: {schedule: [priority, round_robin]} # one fit per value, all in the plot
     cluster: {n_workers: 2, threads_per_worker: 1, memory_limit: 4GiB}
     checkpoint_every: 20
+    checkpoints: s3://bucket/ckpt   # optional: where checkpoints go (default: beside the output)
+    storage_options: {anon: false}  # optional: fsspec options for a dataset URL
     output: runs/lasso
+
+A dataset or checkpoint location may be an fsspec URL (``s3://...``); workers read their shards
+and write their checkpoint partitions there themselves, with the credentials of their
+environment (``AWS_*`` variables, as a Kubernetes Secret provides them).
 
 The output folder receives ``coef.zarr``, ``metrics.json``, ``convergence.png``, one
 ``training-<run>.png`` per fit (the dashboard's figures, `dmp.plotting.plot_training`) and a copy of
@@ -34,7 +40,7 @@ import yaml
 from .engine.backends.dask import cluster_workers
 
 _KEYS = {"name", "description", "dataset", "estimator", "compare", "cluster",
-         "checkpoint_every", "output", "reference"}
+         "checkpoint_every", "output", "reference", "checkpoints", "storage_options"}
 _ESTIMATORS = {"Lasso": "dmp.linear_model:Lasso",
                "SparsifiedSGDClassifier": "dmp.linear_model:SparsifiedSGDClassifier",
                "SparsifiedSGDRegressor": "dmp.linear_model:SparsifiedSGDRegressor",
@@ -61,6 +67,10 @@ def load_pipeline(path) -> dict:
     unknown = set(spec) - _KEYS
     if unknown:
         raise PipelineError(f"{path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_KEYS)}")
+    if not isinstance(spec.get("storage_options", {}), dict):
+        raise PipelineError(f"{path}: 'storage_options' must be a mapping of fsspec options")
+    if "checkpoints" in spec and not isinstance(spec["checkpoints"], str):
+        raise PipelineError(f"{path}: 'checkpoints' must be a path or URL")
     for key in ("name", "dataset", "estimator"):
         if key not in spec:
             raise PipelineError(f"{path}: missing required key {key!r}")
@@ -101,11 +111,14 @@ def _estimator_class(name):
 
 
 def _open_data(spec):
+    from .engine.checkpoint import is_remote
     from .io import build_dataset, open_dataset
 
     ref = spec["dataset"]
     if isinstance(ref, dict):
         return build_dataset(ref)
+    if is_remote(str(ref)):
+        return open_dataset(str(ref), storage_options=spec.get("storage_options"))
     p = Path(ref)
     if not p.is_absolute():
         here = Path(spec["_path"]).parent
@@ -211,8 +224,12 @@ def _reference(spec, ds, params, cls_name):
 def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=None,
                  show_progress=True, log=print) -> dict:
     """Run a loaded pipeline; returns the metrics written to ``metrics.json``."""
+    from .engine.checkpoint import CheckpointStore, is_remote
+
     out = Path(output or spec["output"]).resolve()
-    ckpt_root = out.parent / f".{out.name}-checkpoints"
+    ckpt_root = str(spec.get("checkpoints") or out.parent / f".{out.name}-checkpoints")
+    if not is_remote(ckpt_root):
+        ckpt_root = str(Path(ckpt_root).resolve())
     ds = _open_data(spec)
     log(f"dataset: {ds}")
     est_spec = spec["estimator"]
@@ -244,10 +261,11 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
             p = dict(params)
             if cmp_key:
                 p[cmp_key] = value
-            ckpt = ckpt_root / f"{label}.zarr"
-            has_ckpt = (ckpt / "zarr.json").exists()
-            if has_ckpt and not resume:
-                shutil.rmtree(ckpt)
+            ckpt = f"{ckpt_root.rstrip('/')}/{label}.zarr"
+            store = CheckpointStore(ckpt)
+            has_ckpt = store.latest() is not None
+            if store.exists() and not resume:
+                store.clear()
             # backend: local in the params simulates its n_workers in this process
             p.setdefault("backend", client)
             est = cls(**p, show_progress=show_progress, checkpoint=str(ckpt),
@@ -316,7 +334,7 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp_out, out)
-        shutil.rmtree(ckpt_root, ignore_errors=True)
+        CheckpointStore(ckpt_root).clear()
         log(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
         return metrics
     finally:

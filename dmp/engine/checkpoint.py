@@ -10,13 +10,18 @@ Layout::
 A checkpoint is complete only once its ``complete`` attribute is set, after every partition
 and the driver wrote their arrays; ``latest`` moves after that.  A crash mid-write therefore
 leaves the previous complete checkpoint as ``latest``.
+
+The location is a local path or an fsspec URL (``s3://bucket/fit.zarr``, ``gs://...``): the
+completion flag, not a rename, is what makes a checkpoint complete, so object stores work the
+same as a disk.  Credentials and endpoints come from ``storage_options`` or, as on Kubernetes,
+from the environment (``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ...), which the workers that
+write their partitions share.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import numpy as np
 import zarr
@@ -28,9 +33,22 @@ def _round_name(round: int) -> str:
     return f"round_{round:08d}"
 
 
-def write_arrays(path: str, arrays: dict) -> None:
+def is_remote(path) -> bool:
+    """True for fsspec URLs other than local files (``s3://``, ``gs://``, ``memory://``...)."""
+    text = os.fspath(path) if not isinstance(path, str) else path
+    return "://" in text and not text.startswith("file://")
+
+
+def _open(path, mode, storage_options=None):
+    path = os.fspath(path) if not isinstance(path, str) else path
+    if is_remote(path) and storage_options:
+        return zarr.open_group(path, mode=mode, zarr_format=3, storage_options=storage_options)
+    return zarr.open_group(path, mode=mode, zarr_format=3)
+
+
+def write_arrays(path, arrays: dict, storage_options=None) -> None:
     """Write a flat dict of numpy arrays as a Zarr group (used by workers and the driver)."""
-    g = zarr.open_group(str(path), mode="w", zarr_format=3)
+    g = _open(path, "w", storage_options)
     for name, value in arrays.items():
         value = np.ascontiguousarray(value)
         a = g.create_array(name, shape=value.shape, dtype=value.dtype,
@@ -39,34 +57,67 @@ def write_arrays(path: str, arrays: dict) -> None:
             a[...] = value
 
 
-def read_arrays(path: str) -> dict:
+def read_arrays(path, storage_options=None) -> dict:
     """Read every array of a group written by :func:`write_arrays`."""
-    g = zarr.open_group(str(path), mode="r")
+    g = _open(path, "r", storage_options)
     return {name: np.asarray(arr[...]) for name, arr in g.arrays()}
 
 
 class CheckpointStore:
-    """A directory of Zarr checkpoints for one fit.
+    """A directory (or object-store prefix) of Zarr checkpoints for one fit.
 
     Parameters
     ----------
     path : str or os.PathLike
-        Location of the checkpoint group (created if missing).
+        Local path or fsspec URL of the checkpoint group (created if missing).
     keep : int
         Number of complete checkpoints kept; older ones are deleted.
+    storage_options : dict, optional
+        fsspec options for a URL (default: the environment's configuration).
     """
 
-    def __init__(self, path, keep: int = 2):
-        self.path = os.path.abspath(os.path.expanduser(os.fspath(path)))
+    def __init__(self, path, keep: int = 2, storage_options=None):
+        path = os.fspath(path)
+        self.remote = is_remote(path)
+        self.path = path.rstrip("/") if self.remote else os.path.abspath(os.path.expanduser(path))
         self.keep = keep
+        self.storage_options = dict(storage_options or {})
+        self._fs = None
+
+    @property
+    def fs(self):
+        if self._fs is None:
+            import fsspec.core
+
+            self._fs, _ = fsspec.core.url_to_fs(self.path, **self.storage_options)
+        return self._fs
+
+    def _join(self, *parts) -> str:
+        return "/".join([self.path, *parts]) if self.remote else os.path.join(self.path, *parts)
+
+    def exists(self) -> bool:
+        """Whether anything was ever written at this location."""
+        marker = self._join("zarr.json")
+        return self.fs.exists(marker) if self.remote else os.path.exists(marker)
+
+    def _remove(self, path: str) -> None:
+        try:
+            if self.remote or os.path.exists(path):
+                self.fs.rm(path, recursive=True)
+        except FileNotFoundError:
+            pass
+
+    def clear(self) -> None:
+        """Delete every checkpoint at this location."""
+        self._remove(self.path)
 
     # -- reading
     def _root(self, mode="r"):
-        return zarr.open_group(self.path, mode=mode, zarr_format=3)
+        return _open(self.path, mode, self.storage_options)
 
     def latest(self) -> int | None:
         """Round of the latest complete checkpoint, or None."""
-        if not os.path.exists(os.path.join(self.path, "zarr.json")):
+        if not self.exists():
             return None
         try:
             root = self._root()
@@ -81,28 +132,30 @@ class CheckpointStore:
         return int(g.attrs["round"])
 
     def fingerprint(self) -> dict | None:
-        if not os.path.exists(os.path.join(self.path, "zarr.json")):
+        if not self.exists():
             return None
         return self._root().attrs.get("fingerprint")
 
     def partition_path(self, round: int, index: int) -> str:
-        return os.path.join(self.path, _round_name(round), "partitions", f"p{index:04d}")
+        return self._join(_round_name(round), "partitions", f"p{index:04d}")
 
     def load_driver(self, round: int) -> dict:
         g = self._root()[_round_name(round)]
         state = dict(json.loads(g.attrs["state"]))
-        state.update(read_arrays(os.path.join(self.path, _round_name(round), "driver")))
+        state.update(read_arrays(self._join(_round_name(round), "driver"),
+                                 self.storage_options))
         return state
 
     # -- writing
     def begin(self, round: int, fingerprint: dict) -> None:
         """Create the group of a new checkpoint (incomplete until :meth:`commit`)."""
-        root = zarr.open_group(self.path, mode="a", zarr_format=3)
+        root = self._root("a")
         if "dmp_checkpoint" not in root.attrs:
             root.attrs.update({"dmp_checkpoint": FORMAT, "fingerprint": fingerprint})
         name = _round_name(round)
         if name in root:
-            shutil.rmtree(os.path.join(self.path, name), ignore_errors=True)
+            self._remove(self._join(name))
+            root = self._root("a")
         g = root.create_group(name)
         g.attrs.update({"complete": False, "round": int(round)})
 
@@ -111,7 +164,7 @@ class CheckpointStore:
         arrays = {k: v for k, v in driver_state.items() if isinstance(v, np.ndarray)}
         scalars = {k: v for k, v in driver_state.items() if not isinstance(v, np.ndarray)}
         name = _round_name(round)
-        write_arrays(os.path.join(self.path, name, "driver"), arrays)
+        write_arrays(self._join(name, "driver"), arrays, self.storage_options)
         root = self._root("a")
         g = root[name]
         g.attrs.update({"state": json.dumps(scalars), "complete": True})
@@ -122,4 +175,4 @@ class CheckpointStore:
         names = sorted(n for n in root.group_keys() if n.startswith("round_"))
         complete = [n for n in names if root[n].attrs.get("complete", False)]
         for n in complete[:-self.keep]:
-            shutil.rmtree(os.path.join(self.path, n), ignore_errors=True)
+            self._remove(self._join(n))

@@ -31,6 +31,8 @@ import scipy.sparse as sp
 import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
 
+from ..engine.checkpoint import is_remote as _is_remote
+
 __all__ = ["DatasetError", "SparseDataset", "write_sparse", "open_dataset"]
 
 FORMAT_VERSION = 1
@@ -64,9 +66,6 @@ def _normalize_path(path) -> str:
         return path.rstrip("/")
     return os.path.expanduser(path).rstrip(os.sep) or os.sep
 
-
-def _is_remote(path: str) -> bool:
-    return "://" in path and not path.startswith("file://")
 
 
 def _fs(path: str, storage_options):
