@@ -1,13 +1,15 @@
 """Per-worker memory against the number of workers, for each pipeline's model.
 
-    python benchmarks/memory_scaling.py                 # about 6 minutes on 2 cores
+    python benchmarks/memory_scaling.py                 # about 10 minutes on 2 cores
     python benchmarks/memory_scaling.py --only mf_rank200 --workers 1 2
 
 For every workload and P in ``--workers`` (default 1 2 3), a fresh `distributed.LocalCluster`
-with P worker processes (1 thread, no memory limit) runs the fit; the script reads each worker's
-peak resident memory (``ru_maxrss``) before the fit (after importing dmp and its kernels) and
-after it. The increase is what the fit's partition (model part, data shard, buffers) cost that
-worker; it should shrink roughly as 1/P.
+with P worker processes (1 thread, no memory limit) runs the fit.  The script reads each
+worker's resident memory (psutil, after ``gc.collect()``) once dmp and its kernels are loaded,
+then samples every 0.2 s during the fit both the resident memory and the numpy bytes held by
+the worker's dmp partitions (model part + data shard, summed over the actors' state).  The
+partition bytes shrink as 1/P; the resident memory adds a fixed cost per worker (Zarr, the
+actor, buffers, about 55-60 MiB here) that does not.
 
 Workloads: the models of the pipelines in ``pipelines/`` at their largest (``lasso.yaml``:
 10,000 x 100,000 sparse Lasso; ``sparsified_logreg.yaml``; ``mf.yaml``: MovieLens-100K, needs
@@ -25,7 +27,6 @@ import json
 import logging
 import os
 import platform
-import resource
 import statistics
 import tempfile
 import time
@@ -36,13 +37,37 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+def _rss_mib() -> float:
+    import gc
+
+    import psutil
+
+    gc.collect()
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def _partition_mib(dask_worker) -> float:
+    """numpy bytes held by the dmp partitions (actors) on this worker: model part + shard."""
+    import numpy as np
+
+    def nbytes(obj, depth=0):
+        if isinstance(obj, np.ndarray):
+            return obj.nbytes
+        if depth < 3 and isinstance(obj, dict):
+            return sum(nbytes(v, depth + 1) for v in obj.values())
+        if depth < 3 and isinstance(obj, (list, tuple)):
+            return sum(nbytes(v, depth + 1) for v in obj)
+        return 0
+
+    total = 0
+    for actor in list(dask_worker.state.actors.values()):
+        total += nbytes(getattr(actor, "state", None))
+    return total / 2**20
 
 
 def _warm() -> bool:
-    import dmp.kernels._warmup  # noqa: F401
     import dmp.decomposition  # noqa: F401
+    import dmp.kernels._warmup  # noqa: F401
     import dmp.linear_model  # noqa: F401
 
     return True
@@ -80,7 +105,8 @@ WORKLOADS = {"lasso": pipeline_workload("lasso"),
              "mf_rank200": mf_rank200}
 
 
-def measure(name, fn, n_workers):
+def measure(name, fn, n_workers, interval=0.2):
+    import threading
     import warnings
 
     from distributed import Client, LocalCluster
@@ -89,17 +115,38 @@ def measure(name, fn, n_workers):
                       memory_limit=0, dashboard_address=":0",
                       silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         client.run(_warm)
-        before = client.run(_peak_rss_mib)
+        before = client.run(_rss_mib)
+        peak = dict(before)
+        part = dict.fromkeys(before, 0.0)
+        done = threading.Event()
+
+        def sample():
+            while not done.is_set():
+                try:
+                    for w, v in client.run(_rss_mib).items():
+                        peak[w] = max(peak.get(w, 0.0), v)
+                    for w, v in client.run(_partition_mib).items():
+                        part[w] = max(part.get(w, 0.0), v)
+                except Exception:
+                    pass
+                done.wait(interval)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
         t0 = time.perf_counter()
-        with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fn(client, Path(tmp))
+        try:
+            with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fn(client, Path(tmp))
+        finally:
+            done.set()
+            sampler.join()
         wall = time.perf_counter() - t0
-        after = client.run(_peak_rss_mib)
-    inc = [after[w] - before[w] for w in sorted(after)]
-    return {"workers": n_workers, "wall_s": wall,
-            "baseline_mib": [before[w] for w in sorted(before)],
-            "peak_mib": [after[w] for w in sorted(after)], "increase_mib": inc,
+    ws = sorted(before)
+    inc = [peak[w] - before[w] for w in ws]
+    return {"workers": n_workers, "wall_s": wall, "baseline_mib": [before[w] for w in ws],
+            "peak_mib": [peak[w] for w in ws], "increase_mib": inc,
+            "partition_mib": [part[w] for w in ws], "max_partition_mib": max(part.values()),
             "max_increase_mib": max(inc), "median_increase_mib": statistics.median(inc)}
 
 
@@ -122,14 +169,16 @@ def main():
                 print(f"{name:18s} P={p}: failed: {type(exc).__name__}: {exc}")
                 break
             rows.append(res)
-            print(f"{name:18s} P={p}  per-worker increase "
+            print(f"{name:18s} P={p}  partition per worker "
+                  f"{', '.join(f'{x:7.1f}' for x in res['partition_mib'])} MiB; RSS increase "
                   f"{', '.join(f'{x:7.1f}' for x in res['increase_mib'])} MiB  "
-                  f"(max {res['max_increase_mib']:7.1f}, peak "
-                  f"{max(res['peak_mib']):7.1f} MiB)  {res['wall_s']:6.1f} s", flush=True)
+                  f"(peak RSS {max(res['peak_mib']):7.1f} MiB)  {res['wall_s']:6.1f} s",
+                  flush=True)
         if rows:
-            base = rows[0]["max_increase_mib"]
-            for row in rows:
-                row["ratio_to_1_worker"] = row["max_increase_mib"] / base if base else np.nan
+            for key in ("max_partition_mib", "max_increase_mib"):
+                base = rows[0][key]
+                for row in rows:
+                    row[f"{key}_ratio_to_1"] = row[key] / base if base else np.nan
             out["results"][name] = rows
     path = REPO / "benchmarks" / "results" / "memory_scaling.json"
     path.write_text(json.dumps(out, indent=2))
