@@ -166,6 +166,24 @@ class _MFBase(Program):
             return self.alpha * np.diff(indptr).astype(np.float64)
         return np.full(n, self.alpha)
 
+    def _nnz(self, axis: int, a: int, b: int) -> int:
+        """Ratings (train and validation) of users (axis 0) or items (axis 1) a..b-1."""
+        total = 0
+        for split in (("train", "valid") if self.has_valid else ("train",)):
+            ip = (self.dataset.row_indptr(split) if axis == 0
+                  else self.dataset.col_indptr(split))
+            total += int(ip[b] - ip[a])
+        return total
+
+    def partition_nbytes(self, spec):
+        if not hasattr(self.dataset, "row_indptr"):
+            return None
+        (r0, r1), (c0, c1) = spec["rows"], spec["cols"]
+        # by-user CSR copy: indptr, int32 index, rating and residual (20 bytes a rating);
+        # the worker's rows of W and columns of H
+        return (self._nnz(0, r0, r1) * 20 + (r1 - r0) * 16
+                + (r1 - r0 + c1 - c0) * self.K * 8)
+
     def _init_common(self, spec):
         (r0, r1), (c0, c1) = spec["rows"], spec["cols"]
         st = {"k": spec["k"], "r0": r0, "c0": c0}
@@ -266,6 +284,16 @@ class CCDProgram(_MFBase):
             vloss = float(sum(p["loss_valid"] for p in partials))
         self._record(info, loss, vloss, float(sum(p["reg"] for p in partials)))
         return Broadcast(update)
+
+    def partition_nbytes(self, spec):
+        base = super().partition_nbytes(spec)
+        if base is None:
+            return None
+        c0, c1 = spec["cols"]
+        n_users, n_items = self.dataset.shape
+        # the by-item copy, and the other side's coordinate block in flight (twice)
+        return (base + self._nnz(1, c0, c1) * 20 + (c1 - c0) * 16
+                + 2 * max(n_users, n_items) * self.block_size * 8)
 
     def init_partition(self, spec):
         st = self._init_common(spec)
@@ -388,6 +416,11 @@ class CCDPPProgram(_MFBase):
                                 else self._gather_items(partials, "h_next"))
         self._record(info, loss, vloss, float(sum(p["regW"] for p in partials)) + dr["regH"])
         return Broadcast(update)
+
+    def partition_nbytes(self, spec):
+        base = super().partition_nbytes(spec)
+        # item-length work vectors: the current feature, partial sums (train, validation)
+        return None if base is None else base + self.dataset.shape[1] * 8 * 6
 
     def init_partition(self, spec):
         st = self._init_common(spec)

@@ -100,6 +100,12 @@ class Program:
     def finish(self, partition_arrays: list[dict]) -> None:
         """Receive every partition's arrays at the end of the fit."""
 
+    def partition_nbytes(self, spec) -> int | None:
+        """About how many bytes partition ``spec`` holds on its worker (model part, data
+        shard, buffers), from metadata only; None when unknown.  The Dask backend compares it
+        with each worker's memory limit before it creates any partition."""
+        return None
+
     # ------------------------------------------------------------------ worker side
     def init_partition(self, spec):
         """Load the partition's data (on the worker) and return its mutable state."""

@@ -293,6 +293,16 @@ class LassoProgram(Program):
         return [{"shards": g, "cols": (int(bounds[g[0]]), int(bounds[g[-1] + 1]))}
                 for g in groups]
 
+    def partition_nbytes(self, spec):
+        shard_nnz = getattr(self.dataset, "shard_nnz", None)
+        if shard_nnz is None:
+            return None
+        nnz = int(np.asarray(shard_nnz())[list(spec["shards"])].sum())
+        c0, c1 = spec["cols"]
+        n = self.dataset.shape[0]
+        # CSC shard (8 + 4 bytes per value), 5 column vectors, residual and row links
+        return nnz * 12 + (c1 - c0 + 1) * 8 * 5 + n * 8 * 3
+
     def start(self, n_partitions):
         ds = self.dataset
         n, p = ds.shape

@@ -232,6 +232,20 @@ class SparsifiedProgram(Program):
         groups = self.dataset.row_partition(n_partitions)
         return [{"shards": g, "index": k} for k, g in enumerate(groups)]
 
+    def partition_nbytes(self, spec):
+        ds = self.dataset
+        shard_nnz = getattr(ds, "shard_nnz", None)
+        bounds = getattr(ds, "row_bounds", None)
+        if shard_nnz is None or bounds is None:
+            return None
+        shards = list(spec["shards"])
+        nnz = int(np.asarray(shard_nnz())[shards].sum())
+        rows = int(sum(bounds[k + 1] - bounds[k] for k in shards))
+        vectors = {"isega": 3, "isaga": 2}.get(self.method, 2)
+        table = rows * self.n_blocks * 8 if self.method == "isaga" else 0
+        # CSR shard and targets, the model-length vectors, ISAGA's gradient table
+        return nnz * 12 + rows * 16 + self.n_coords * 8 * vectors + table
+
     def start(self, n_partitions):
         D = self.n_coords
         x = np.zeros(D) if self.x0 is None else self.x0.copy()

@@ -7,6 +7,11 @@ class WorkerLostError(RuntimeError):
     """A worker holding a partition died (its state is gone; the runner recovers)."""
 
 
+class InsufficientMemoryError(MemoryError):
+    """The model's partitions do not fit the workers' memory limits (raised before any
+    partition is created, instead of the nanny killing workers mid-fit)."""
+
+
 def active_client():
     """The current ``distributed.Client``, or None when there is none."""
     try:

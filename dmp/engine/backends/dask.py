@@ -12,7 +12,7 @@ from collections import deque
 
 from ..program import update_for
 from ..worker import ActorPartitionWorker
-from .base import WorkerLostError
+from .base import InsufficientMemoryError, WorkerLostError
 
 #: seconds between two event messages of one fit to the scheduler (see DaskBackend.log_event)
 EVENT_FLUSH_S = 0.2
@@ -28,6 +28,54 @@ def cluster_workers(client) -> dict:
     """
     info = client.sync(client.scheduler.identity, n_workers=-1)["workers"]
     return {addr: w.get("name", addr) for addr, w in info.items()}
+
+
+def worker_memory_limits(client) -> dict:
+    """``{name: memory limit in bytes}`` of the workers (0 means no limit)."""
+    info = client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+    return {w.get("name", addr): int(w.get("memory_limit") or 0) for addr, w in info.items()}
+
+
+#: resident memory of a worker before it holds a partition: Python, numpy/scipy, Dask, Numba
+#: and the kernels (about 230 MiB measured), plus a fit's fixed cost (about 55 MiB)
+WORKER_BASE_BYTES = 300 * 2**20
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def check_partition_memory(program, specs, placement, limits) -> None:
+    """Raise `InsufficientMemoryError` when the partitions placed on a worker need more than
+    the part of its memory limit Dask lets it use (see `Program.partition_nbytes`)."""
+    import math
+
+    import dask
+
+    estimates = [program.partition_nbytes(spec) for spec in specs]
+    if not estimates or any(e is None for e in estimates):
+        return
+    frac = dask.config.get("distributed.worker.memory.pause", 0.8) or 0.95
+    need: dict = {}
+    for name, est in zip(placement, estimates):
+        need[name] = need.get(name, 0) + int(est)
+    short = [(name, n, limits[name]) for name, n in need.items()
+             if limits.get(name) and n > limits[name] * frac - WORKER_BASE_BYTES]
+    if not short:
+        return
+    total = sum(estimates)
+    name, n, limit = max(short, key=lambda t: t[1] - t[2])
+    usable = limit * frac - WORKER_BASE_BYTES
+    workers_needed = math.ceil(total / usable) if usable > 0 else None
+    per_worker = (max(need.values()) + WORKER_BASE_BYTES) / frac
+    advice = (f"use at least {workers_needed} workers with this memory limit, or "
+              if workers_needed else "")
+    raise InsufficientMemoryError(
+        f"the model does not fit the workers' memory: the partition(s) placed on worker "
+        f"{name!r} need about {_mib(n)}, but its memory limit is {_mib(limit)} (Dask pauses "
+        f"a worker at {frac:.0%} of it, and about {_mib(WORKER_BASE_BYTES)} go to Python, "
+        f"Dask and Numba). The {len(estimates)} partitions need about {_mib(total)} in all: "
+        f"{advice}workers with a memory limit of at least {_mib(per_worker)} each.")
 
 
 def _is_worker_loss(exc: BaseException) -> bool:
@@ -94,6 +142,8 @@ class DaskBackend:
 
     def _create(self, program, specs, names) -> None:
         self.placement = [names[k % len(names)] for k in range(len(specs))]
+        check_partition_memory(program, specs, self.placement,
+                               worker_memory_limits(self.client))
         futs = [self.client.submit(ActorPartitionWorker, program, spec, k, actor=True,
                                    workers=[self.placement[k]], allow_other_workers=False,
                                    pure=False)

@@ -1,0 +1,117 @@
+"""A model whose partitions do not fit the workers' memory limits fails before any partition
+is created, saying how many workers or how much memory it needs; the per-partition estimates
+behind the check are close to what the partitions really hold."""
+
+import logging
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from conftest import make_problem
+from dmp.decomposition import MatrixFactorization
+from dmp.engine.backends.base import InsufficientMemoryError
+from dmp.engine.backends.dask import check_partition_memory
+from dmp.engine.backends.local import LocalBackend
+from dmp.io import write_sparse
+from dmp.linear_model import Lasso, SparsifiedSGDRegressor
+
+
+class SpyBackend(LocalBackend):
+    """Keeps the program, the specs and the partitions' initial state."""
+
+    def start(self, program, specs):
+        super().start(program, specs)
+        self.seen = (program, specs, [w.state for w in self.workers])
+
+
+def _nbytes(obj, depth=0):
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if depth < 3 and isinstance(obj, dict):
+        return sum(_nbytes(v, depth + 1) for v in obj.values())
+    if depth < 3 and isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v, depth + 1) for v in obj)
+    return 0
+
+
+def _ratings(n_users=3000, n_items=800, nnz=60_000, seed=0):
+    rng = np.random.default_rng(seed)
+    flat = rng.choice(n_users * n_items, nnz, replace=False)
+    return sp.coo_matrix((rng.uniform(1, 5, nnz), (flat // n_items, flat % n_items)),
+                         shape=(n_users, n_items))
+
+
+def _fits(tmp_path):
+    X, y = make_problem(n=400, p=3000, density=0.05, seed=1)
+    lasso_ds = write_sparse(tmp_path / "lasso.zarr", X, y, n_shards=6)
+    from dmp.io import write_sparse_rows
+
+    rows_ds = write_sparse_rows(tmp_path / "rows.zarr", X, y, n_shards=6)
+    R = _ratings()
+    return [
+        ("lasso", lambda b: Lasso(alpha=0.01, max_iter=3, tol=0, backend=b), (lasso_ds,)),
+        ("mf-ccd++", lambda b: MatrixFactorization(n_components=12, max_iter=1, tol=0,
+                                                    backend=b), (R,)),
+        ("mf-ccd", lambda b: MatrixFactorization(n_components=12, max_iter=1, method="ccd",
+                                                  block_size=4, tol=0, backend=b), (R,)),
+        ("isega", lambda b: SparsifiedSGDRegressor(max_iter=3, tol=None, backend=b),
+         (rows_ds,)),
+        ("isaga", lambda b: SparsifiedSGDRegressor(method="isaga", max_iter=3, tol=None,
+                                                   backend=b), (rows_ds,)),
+    ]
+
+
+def test_partition_estimates_match_what_partitions_hold(tmp_path):
+    import warnings
+
+    for name, make, args in _fits(tmp_path):
+        backend = SpyBackend(3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            make(backend).fit(*args)
+        program, specs, states = backend.seen
+        for spec, state in zip(specs, states):
+            est, actual = program.partition_nbytes(spec), _nbytes(state)
+            assert est is not None, name
+            assert 0.8 * actual <= est <= 1.5 * actual + 4096, (name, est, actual)
+
+
+def test_check_names_workers_and_memory_needed():
+    class Prog:
+        def partition_nbytes(self, spec):
+            return spec
+
+    mib = 2**20
+    specs = [300 * mib] * 4
+    # fits: 2 partitions of 300 MiB on workers of 1 GiB (usable 0.8 GiB - 300 MiB = 519 MiB)
+    check_partition_memory(Prog(), specs[:2], ["a", "b"], {"a": 2**30, "b": 2**30})
+    check_partition_memory(Prog(), specs, ["a", "b"] * 2, {"a": 0, "b": 0})   # no limits
+    with pytest.raises(InsufficientMemoryError) as err:
+        check_partition_memory(Prog(), specs, ["a", "b", "a", "b"], {"a": 2**30, "b": 2**30})
+    msg = str(err.value)
+    assert "worker 'a' need about 600 MiB" in msg and "memory limit is 1.00 GiB" in msg
+    assert "use at least 3 workers" in msg and "at least 1.10 GiB each" in msg
+
+    class Unknown:
+        def partition_nbytes(self, spec):
+            return None
+
+    check_partition_memory(Unknown(), specs, ["a"] * 4, {"a": 1})   # unknown: no check
+
+
+@pytest.mark.dask
+def test_model_too_big_for_the_workers_fails_early():
+    from distributed import Client, LocalCluster
+
+    R = _ratings(n_users=40_000, n_items=2_000, nnz=50_000)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      memory_limit="400MiB", dashboard_address=":0",
+                      silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+        mf = MatrixFactorization(n_components=300, max_iter=1, backend=client)
+        with pytest.raises(InsufficientMemoryError, match=r"use at least \d+ workers"):
+            mf.fit(R)
+        # nothing was created on the workers, and they are all still there
+        assert client.run(lambda dask_worker: len(dask_worker.state.actors)) == \
+            {w: 0 for w in client.scheduler_info()["workers"]}
+        assert len(client.scheduler_info()["workers"]) == 2
