@@ -114,7 +114,13 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
         raise FileExistsError(f"checkpoint location {store.path!r} already holds a checkpoint; "
                               f"pass resume=True to continue it or choose a new location")
     events = FitEvents(backend, program, desc=desc, params=params, max_iter=max_iter)
-    round_ = restore_or_init(True)
+    try:
+        round_ = restore_or_init(True)
+    except WorkerLostError as exc:   # lost while the partitions were being created
+        recoveries.append({"round": 0, "error": str(exc), "time": 0.0})
+        logger.warning("worker lost while starting (%s); recovering", exc)
+        round_ = restore_or_init(False)
+        recoveries[-1]["resumed_round"] = round_
     events.start()
     status = "error"
     bar = _progress_bar(show_progress, max_iter, desc)

@@ -1,0 +1,126 @@
+"""Worker loss for every estimator: a worker process SIGKILLed at a random moment of a fit on
+a 3-worker LocalCluster (during push, a barrier or a checkpoint write); the nanny starts a
+replacement under the same name and the fit ends with the result of an undisturbed run,
+its ``recoveries_`` recording the loss.  (The Lasso's worker-loss tests are in
+test_dask_backend.py and test_cli_cluster.py.)"""
+
+import logging
+import os
+import random
+import signal
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from dmp.decomposition import MatrixFactorization
+from dmp.linear_model import SparsifiedSGDRegressor
+
+pytestmark = [pytest.mark.dask, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster3():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
+                      dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
+            Client(cluster) as client:
+        yield client
+
+
+def _ratings(seed=0, n_users=3000, n_items=600, nnz=90_000):
+    rng = np.random.default_rng(seed)
+    flat = rng.choice(n_users * n_items, nnz, replace=False)
+    U, V = rng.standard_normal((n_users, 5)), rng.standard_normal((n_items, 5))
+    u, i = flat // n_items, flat % n_items
+    r = np.einsum("ij,ij->i", U[u], V[i]) + 0.3 * rng.standard_normal(nnz)
+    return sp.coo_matrix((r, (u, i)), shape=(n_users, n_items))
+
+
+def _cases():
+    R = _ratings()
+    rng = np.random.default_rng(3)
+    A = rng.standard_normal((6000, 40))
+    b = A @ rng.standard_normal(40) + 0.1 * rng.standard_normal(6000)
+    return {
+        "mf-ccd++": (lambda **kw: MatrixFactorization(n_components=8, max_iter=12, tol=0,
+                                                      random_state=0, **kw), (R,),
+                     lambda e: np.asarray(e.user_factors_), 2),
+        "mf-ccd": (lambda **kw: MatrixFactorization(n_components=8, max_iter=6, tol=0,
+                                                    method="ccd", block_size=2,
+                                                    random_state=0, **kw), (R,),
+                   lambda e: np.asarray(e.item_factors_), 1),
+        "sparsified-isega": (lambda **kw: SparsifiedSGDRegressor(max_iter=250, tol=None,
+                                                                 random_state=0, **kw),
+                             (A, b), lambda e: e.coef_, 50),
+    }
+
+
+CASES = _cases()
+
+
+def _kill_one(client, victims=("1",)):
+    pids = client.run(os.getpid)
+    names = {addr: w["name"] for addr, w in client.scheduler_info()["workers"].items()}
+    for addr, pid in pids.items():
+        if str(names.get(addr)) in victims:
+            os.kill(pid, signal.SIGKILL)
+            return True
+    return False
+
+
+def _wait_for_workers(client, n=3, timeout=60):
+    deadline = time.monotonic() + timeout
+    while len(client.scheduler_info()["workers"]) < n and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_random_kill_gives_the_undisturbed_result(cluster3, tmp_path, name):
+    make, args, result, every = CASES[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = make(backend="local", n_workers=3).fit(*args)
+        t0 = time.perf_counter()
+        make(backend=cluster3, n_workers=3).fit(*args)       # undisturbed, for its duration
+        wall = time.perf_counter() - t0
+    _wait_for_workers(cluster3)
+    delay = random.Random(name).uniform(0.3, 0.6) * wall
+    timer = threading.Timer(delay, _kill_one, (cluster3,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        timer.start()
+        est = make(backend=cluster3, n_workers=3, checkpoint=str(tmp_path / "ck.zarr"),
+                   checkpoint_every=every).fit(*args)
+    timer.join()
+    _wait_for_workers(cluster3)
+    assert len(est.recoveries_) == 1, est.recoveries_
+    np.testing.assert_allclose(result(est), result(reference), rtol=1e-7, atol=1e-9)
+    assert abs(est.objective_ - reference.objective_) <= 1e-9 * abs(reference.objective_)
+
+
+def test_two_losses_in_a_row(cluster3, tmp_path):
+    make, args, result, _ = CASES["mf-ccd++"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = make(backend="local", n_workers=3).fit(*args)
+    kills = []
+
+    def kill_twice(round, metrics):
+        if len(kills) < 2 and round in (20, 45) and round not in kills:
+            kills.append(round)
+            _kill_one(cluster3, victims=("0",) if len(kills) == 1 else ("2",))
+        return False
+
+    _wait_for_workers(cluster3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = make(backend=cluster3, n_workers=3, checkpoint=str(tmp_path / "ck.zarr"),
+                   checkpoint_every=2, callback=kill_twice).fit(*args)
+    _wait_for_workers(cluster3)
+    assert kills == [20, 45] and len(est.recoveries_) == 2
+    np.testing.assert_allclose(result(est), result(reference), rtol=1e-7, atol=1e-9)
