@@ -80,29 +80,36 @@ def _wait_for_workers(client, n=3, timeout=60):
 
 
 @pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.timeout(180)
 def test_random_kill_gives_the_undisturbed_result(cluster3, tmp_path, name):
     make, args, result, every = CASES[name]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         reference = make(backend="local", n_workers=3).fit(*args)
-        t0 = time.perf_counter()
-        make(backend=cluster3, n_workers=3).fit(*args)       # undisturbed, for its duration
-        wall = time.perf_counter() - t0
+    n_rounds = len(reference.history_["round"])
+    rng = random.Random(name)
+    at_round = rng.randrange(n_rounds // 4, n_rounds // 2)
+    delay = rng.uniform(0.0, 0.05)   # lands inside the next push, barrier or checkpoint
+    fired = []
+
+    def kill_soon(round, metrics):
+        if round == at_round and not fired:
+            fired.append(round)
+            threading.Timer(delay, _kill_one, (cluster3,)).start()
+        return False
+
     _wait_for_workers(cluster3)
-    delay = random.Random(name).uniform(0.3, 0.6) * wall
-    timer = threading.Timer(delay, _kill_one, (cluster3,))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        timer.start()
         est = make(backend=cluster3, n_workers=3, checkpoint=str(tmp_path / "ck.zarr"),
-                   checkpoint_every=every).fit(*args)
-    timer.join()
+                   checkpoint_every=every, callback=kill_soon).fit(*args)
     _wait_for_workers(cluster3)
-    assert len(est.recoveries_) == 1, est.recoveries_
+    assert fired == [at_round] and len(est.recoveries_) == 1, est.recoveries_
     np.testing.assert_allclose(result(est), result(reference), rtol=1e-7, atol=1e-9)
     assert abs(est.objective_ - reference.objective_) <= 1e-9 * abs(reference.objective_)
 
 
+@pytest.mark.timeout(180)
 def test_two_losses_in_a_row(cluster3, tmp_path):
     make, args, result, _ = CASES["mf-ccd++"]
     with warnings.catch_warnings():
