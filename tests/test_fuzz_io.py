@@ -1,0 +1,162 @@
+"""Property-based fuzzing of the converters and the Zarr reader: arbitrary, truncated and
+mutated inputs either parse into consistent, finite data or raise a clear error (ValueError /
+DatasetError / FileNotFoundError) -- never another exception, and never partial output."""
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from dmp.io import open_dataset, write_sparse  # noqa: E402
+from dmp.io.ratings import read_ratings_file  # noqa: E402
+from dmp.io.sparse import DatasetError  # noqa: E402
+from dmp.io.svmlight import convert_svmlight, read_svmlight  # noqa: E402
+
+CLEAR = (ValueError, FileNotFoundError)   # DatasetError and UnicodeDecodeError are ValueErrors
+FUZZ = settings(max_examples=120, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                       HealthCheck.too_slow])
+
+VALID_SVM = (b"1 1:0.5 3:1.25\n-1 2:2 4:-1\n0.5 1:1 2:1 3:1 4:1\n2 4:3e-2\n")
+VALID_RATINGS = b"userId,movieId,rating\n1,10,4.0\n1,11,3.5\n2,10,5\n3,12,1\n"
+
+
+def _mutations():
+    """Valid files truncated, with bytes replaced, or with lines duplicated."""
+    base = st.sampled_from([VALID_SVM, VALID_RATINGS])
+
+    def mutate(args):
+        data, cut, pos, junk = args
+        kind = cut % 3
+        if kind == 0:
+            return data[: cut % (len(data) + 1)]
+        if kind == 1:
+            p = pos % max(len(data), 1)
+            return data[:p] + junk + data[p + len(junk):]
+        return data + data[: pos % (len(data) + 1)]
+
+    return st.tuples(base, st.integers(0, 10_000), st.integers(0, 10_000),
+                     st.binary(min_size=1, max_size=8)).map(mutate)
+
+
+FILES = st.one_of(st.binary(max_size=300), _mutations(),
+                  st.text(alphabet=" \t\n:,.-+eE0123456789naifNIF#", max_size=200).map(
+                      lambda s: s.encode()))
+
+
+def _write(data: bytes) -> Path:
+    d = Path(tempfile.mkdtemp(prefix="dmp-fuzz-"))
+    p = d / "input.txt"
+    p.write_bytes(data)
+    return p
+
+
+@FUZZ
+@given(FILES)
+def test_svmlight_reader_parses_or_says_why(data):
+    path = _write(data)
+    try:
+        X, y = read_svmlight(path)
+    except CLEAR:
+        return
+    finally:
+        shutil.rmtree(path.parent, ignore_errors=True)
+    assert X.shape[0] == y.shape[0] > 0
+    assert np.all(np.isfinite(X.data)) and np.all(np.isfinite(y))
+
+
+@FUZZ
+@given(FILES)
+def test_svmlight_converter_leaves_nothing_half_written(data):
+    path = _write(data)
+    dest = path.parent / "out.zarr"
+    try:
+        convert_svmlight(path, dest, n_shards=2)
+    except CLEAR:
+        assert not dest.exists()
+        assert not [p for p in path.parent.iterdir() if p.name.startswith("out.zarr")]
+        return
+    finally:
+        if not dest.exists():
+            shutil.rmtree(path.parent, ignore_errors=True)
+    ds = open_dataset(dest)
+    assert ds.shape[0] > 0 and ds.nnz >= 0
+    shutil.rmtree(path.parent, ignore_errors=True)
+
+
+@FUZZ
+@given(FILES)
+def test_ratings_reader_parses_or_says_why(data):
+    path = _write(data)
+    try:
+        out = read_ratings_file(path)
+    except CLEAR:
+        return
+    finally:
+        shutil.rmtree(path.parent, ignore_errors=True)
+    users, items, ratings = out[0], out[1], out[2]
+    assert len(users) == len(items) == len(ratings) > 0
+    assert np.all(np.isfinite(np.asarray(ratings, dtype=float)))
+
+
+@pytest.fixture(scope="module")
+def valid_store(tmp_path_factory):
+    import scipy.sparse as sp
+
+    X = sp.random(40, 30, density=0.2, random_state=0, format="csc")
+    path = tmp_path_factory.mktemp("store") / "ds.zarr"
+    write_sparse(path, X, np.arange(40.0), n_shards=3)
+    return path
+
+
+@FUZZ
+@given(st.integers(0, 10_000), st.integers(0, 3), st.binary(max_size=64))
+def test_corrupt_store_is_rejected_clearly(valid_store, which, how, junk):
+    files = sorted(p for p in valid_store.rglob("*") if p.is_file())
+    d = Path(tempfile.mkdtemp(prefix="dmp-fuzz-store-"))
+    try:
+        copy = d / "ds.zarr"
+        shutil.copytree(valid_store, copy)
+        victim = copy / files[which % len(files)].relative_to(valid_store)
+        raw = victim.read_bytes()
+        if how == 0:
+            victim.write_bytes(raw[: len(raw) // 2])            # truncated
+        elif how == 1:
+            victim.write_bytes(junk)                             # replaced
+        elif how == 2:
+            victim.unlink()                                      # missing
+        else:
+            p = len(raw) // 3                                    # bytes flipped inside
+            victim.write_bytes(raw[:p] + bytes(b ^ 0xFF for b in raw[p:p + 8]) + raw[p + 8:])
+        try:
+            ds = open_dataset(copy)
+            for k in range(ds.n_shards):
+                M = ds.load_shard(k)
+                assert M.shape == (ds.shape[0], int(ds.col_bounds[k + 1] - ds.col_bounds[k]))
+                assert np.all(np.isfinite(M.data))
+            ds.load_y()
+        except CLEAR:
+            pass
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_fuzz_sanity():
+    """The strategies do produce both valid and invalid inputs."""
+    assert isinstance(DatasetError("x"), ValueError)
+    p = _write(VALID_SVM)
+    try:
+        X, y = read_svmlight(p)
+        assert X.shape == (4, 4)
+        with pytest.raises(CLEAR):
+            read_svmlight(_write(b"1 3:x\n"))
+        users, items, ratings = read_ratings_file(_write(VALID_RATINGS))
+        assert len(users) == len(items) == len(ratings) == 4
+    finally:
+        shutil.rmtree(p.parent, ignore_errors=True)
