@@ -1,0 +1,177 @@
+"""Soak: repeated fits with random worker kills, compared with undisturbed results.
+
+    python benchmarks/soak.py                   # 30 minutes
+    python benchmarks/soak.py --minutes 2       # a quick look
+
+On one 3-worker `distributed.LocalCluster` (nannies restart killed workers under the same
+name), the script fits, round after round of its time budget, one of: MatrixFactorization
+CCD++, MatrixFactorization CCD, SparsifiedSGDRegressor (ISEGA) and Lasso, each with
+checkpoints. In most fits (probability ``--kill-prob``) a randomly chosen worker is SIGKILLed
+at a random round plus a random 0-50 ms delay, sometimes twice. Every result is compared with
+the same model fitted undisturbed on the local backend (same partitions): factors and
+coefficients to rtol 1e-7 (Lasso: atol 1e-6, its duality-gap stop may move inside ``tol``
+after a recovery), objective to 1e-9 (Lasso 1e-8). It reports fits completed, kills,
+recoveries, divergences (expected: none), failures and hangs (a fit over 120 s), and writes
+``benchmarks/results/soak.json``. ``tests/test_soak.py`` runs a 40-second version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import random
+import signal
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+FIT_TIMEOUT_S = 120
+
+
+def _problems(seed=0):
+    from dmp.decomposition import MatrixFactorization
+    from dmp.linear_model import Lasso, SparsifiedSGDRegressor
+
+    rng = np.random.default_rng(seed)
+    n_users, n_items, nnz = 2000, 500, 50_000
+    flat = rng.choice(n_users * n_items, nnz, replace=False)
+    U, V = rng.standard_normal((n_users, 4)), rng.standard_normal((n_items, 4))
+    u, i = flat // n_items, flat % n_items
+    R = sp.coo_matrix((np.einsum("ij,ij->i", U[u], V[i]) + 0.3 * rng.standard_normal(nnz),
+                       (u, i)), shape=(n_users, n_items))
+    A = rng.standard_normal((4000, 30))
+    b = A @ rng.standard_normal(30) + 0.1 * rng.standard_normal(4000)
+    X = sp.random(300, 1500, density=0.03, random_state=seed, format="csc")
+    beta = np.zeros(1500)
+    beta[:15] = rng.standard_normal(15)
+    y = X @ beta + 0.01 * rng.standard_normal(300)
+    amax = float(np.abs(X.T @ (y - y.mean())).max()) / 300
+    return {
+        "mf-ccd++": (lambda **kw: MatrixFactorization(n_components=6, max_iter=8, tol=0,
+                                                      random_state=0, **kw), (R,), 2,
+                     lambda e: np.asarray(e.user_factors_), (1e-7, 1e-9, 1e-9)),
+        "mf-ccd": (lambda **kw: MatrixFactorization(n_components=6, max_iter=5, tol=0,
+                                                    method="ccd", block_size=2,
+                                                    random_state=0, **kw), (R,), 1,
+                   lambda e: np.asarray(e.item_factors_), (1e-7, 1e-9, 1e-9)),
+        "sparsified-isega": (lambda **kw: SparsifiedSGDRegressor(max_iter=200, tol=None,
+                                                                 random_state=0, **kw),
+                             (A, b), 40, lambda e: e.coef_, (1e-7, 1e-9, 1e-9)),
+        "lasso": (lambda **kw: Lasso(alpha=0.05 * amax, tol=1e-8, random_state=0, **kw),
+                  (X, y), 5, lambda e: e.coef_, (1e-7, 1e-6, 1e-8)),
+    }
+
+
+def _kill_random_worker(client, rng):
+    pids = client.run(os.getpid)
+    if len(pids) < 2:
+        return False
+    os.kill(pids[rng.choice(sorted(pids))], signal.SIGKILL)
+    return True
+
+
+def _wait_for_workers(client, n, timeout=60):
+    deadline = time.monotonic() + timeout
+    while len(client.scheduler_info()["workers"]) < n and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return len(client.scheduler_info()["workers"]) >= n
+
+
+def run_soak(client, seconds: float, *, seed: int = 0, kill_prob: float = 0.8,
+             workdir=None, log=print) -> dict:
+    """Fit and kill for ``seconds``; returns the counts (see the module docstring)."""
+    import tempfile
+
+    rng = random.Random(seed)
+    problems = _problems(seed)
+    references = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name, (make, args, _, result, _) in problems.items():
+            ref = make(backend="local", n_workers=3).fit(*args)
+            references[name] = (result(ref), ref.objective_, len(ref.history_["round"]))
+    stats = {"fits": 0, "kills": 0, "recoveries": 0, "divergences": [], "failures": [],
+             "by_model": {n: 0 for n in problems}}
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="dmp-soak-"))
+    t_end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < t_end:
+        name = rng.choice(sorted(problems))
+        make, args, every, result, (rtol, atol, otol) = problems[name]
+        ref_result, ref_obj, ref_rounds = references[name]
+        kill_rounds = set()
+        if rng.random() < kill_prob:
+            kill_rounds.add(rng.randrange(max(ref_rounds // 5, 1), max(ref_rounds * 3 // 5, 2)))
+            if rng.random() < 0.25:
+                kill_rounds.add(rng.randrange(max(ref_rounds * 3 // 5, 2), max(ref_rounds, 3)))
+        fired = set()
+
+        def callback(round, metrics, kill_rounds=kill_rounds, fired=fired):
+            if round in kill_rounds and round not in fired:
+                fired.add(round)
+                threading.Timer(rng.uniform(0.0, 0.05), _kill_random_worker,
+                                (client, random.Random(rng.random()))).start()
+            return False
+
+        _wait_for_workers(client, 3)
+        t0 = time.monotonic()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                est = make(backend=client, n_workers=3, checkpoint=str(workdir / f"c{n}.zarr"),
+                           checkpoint_every=every, callback=callback).fit(*args)
+        except Exception as exc:
+            stats["failures"].append(f"{name}: {type(exc).__name__}: {exc}"[:300])
+            log(f"  {name}: FAILED {type(exc).__name__}: {exc}")
+            n += 1
+            continue
+        wall = time.monotonic() - t0
+        if wall > FIT_TIMEOUT_S:
+            stats["failures"].append(f"{name}: took {wall:.0f} s")
+        stats["fits"] += 1
+        stats["by_model"][name] += 1
+        stats["kills"] += len(fired)
+        stats["recoveries"] += len(est.recoveries_)
+        close = (np.allclose(result(est), ref_result, rtol=rtol, atol=atol)
+                 and abs(est.objective_ - ref_obj) <= otol * abs(ref_obj))
+        if not close:
+            stats["divergences"].append(
+                f"{name}: objective {est.objective_!r} vs {ref_obj!r}, max |diff| "
+                f"{float(np.max(np.abs(result(est) - ref_result))):.3g}")
+        log(f"  fit {n:4d} {name:17s} kills {len(fired)} recoveries {len(est.recoveries_)} "
+            f"{wall:6.1f} s {'ok' if close else 'DIVERGED'}")
+        n += 1
+    _wait_for_workers(client, 3)
+    return stats
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--minutes", type=float, default=30.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kill-prob", type=float, default=0.8)
+    args = ap.parse_args()
+    from distributed import Client, LocalCluster
+
+    t0 = time.monotonic()
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
+                      dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
+            Client(cluster) as client:
+        stats = run_soak(client, args.minutes * 60, seed=args.seed, kill_prob=args.kill_prob)
+    stats.update(minutes=(time.monotonic() - t0) / 60, date=datetime.date.today().isoformat(),
+                 cores=os.cpu_count(), loadavg_end=os.getloadavg())
+    print(json.dumps({k: v for k, v in stats.items()}, indent=2))
+    path = Path(__file__).parent / "results" / "soak.json"
+    path.write_text(json.dumps(stats, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
