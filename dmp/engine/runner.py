@@ -110,6 +110,20 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
         logger.info("resumed from checkpoint round %d in %s", latest, store.path)
         return latest
 
+    def recover():
+        """Re-create the partitions and restore; a loss during the recovery itself (a second
+        worker dying, a replacement not yet registered) starts it over."""
+        while True:
+            try:
+                return restore_or_init(False)
+            except WorkerLostError as again:
+                recoveries.append({"round": recoveries[-1]["round"], "error": str(again),
+                                   "time": recoveries[-1]["time"]})
+                logger.warning("worker lost during the recovery (%s); starting it over", again)
+                if len(recoveries) > max_recoveries:
+                    raise RuntimeError(f"gave up after {max_recoveries} worker losses") \
+                        from again
+
     if store is not None and not resume and store.latest() is not None:
         raise FileExistsError(f"checkpoint location {store.path!r} already holds a checkpoint; "
                               f"pass resume=True to continue it or choose a new location")
@@ -119,7 +133,7 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
     except WorkerLostError as exc:   # lost while the partitions were being created
         recoveries.append({"round": 0, "error": str(exc), "time": 0.0})
         logger.warning("worker lost while starting (%s); recovering", exc)
-        round_ = restore_or_init(False)
+        round_ = recover()
         recoveries[-1]["resumed_round"] = round_
     events.start()
     status = "error"
@@ -208,7 +222,7 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
                 if len(recoveries) > max_recoveries:
                     raise RuntimeError(f"gave up after {max_recoveries} worker losses") from exc
                 converged = stopped = False
-                round_ = restore_or_init(False)
+                round_ = recover()
                 recoveries[-1]["resumed_round"] = round_
                 events.recovered(round_)
                 offset = history[-1]["time"] if history else 0.0

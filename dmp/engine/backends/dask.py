@@ -83,6 +83,10 @@ def _is_worker_loss(exc: BaseException) -> bool:
 
     if isinstance(exc, (CommClosedError, OSError, ConnectionError, TimeoutError)):
         return True
+    if isinstance(exc, TypeError) and "addresses should be" in str(exc):
+        # a restriction to a worker *name* that just left the cluster (non-string names,
+        # e.g. LocalCluster's 0, 1, 2, are then taken for malformed addresses)
+        return True
     name = type(exc).__name__
     if name in ("KilledWorker", "NoValidWorkerError", "FutureCancelledError", "CancelledError"):
         return True
