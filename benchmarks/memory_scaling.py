@@ -6,8 +6,9 @@
 For every workload and P in ``--workers`` (default 1 2 3), a fresh `distributed.LocalCluster`
 with P worker processes (1 thread, no memory limit) runs the fit.  The script reads each
 worker's resident memory (psutil, after ``gc.collect()``) once dmp and its kernels are loaded,
-then samples every 0.2 s during the fit both the resident memory and the numpy bytes held by
-the worker's dmp partitions (model part + data shard, summed over the actors' state).  The
+then samples every 0.2 s during the fit both the resident memory and the array bytes held by
+the worker's dmp partitions (model part + data shard: `dmp.engine.comm.payload_nbytes` of the
+actors' state).  The
 partition bytes shrink as 1/P; the resident memory adds a fixed cost per worker (Zarr, the
 actor, buffers, about 55-60 MiB here) that does not.
 
@@ -47,22 +48,11 @@ def _rss_mib() -> float:
 
 
 def _partition_mib(dask_worker) -> float:
-    """numpy bytes held by the dmp partitions (actors) on this worker: model part + shard."""
-    import numpy as np
+    """Array bytes held by the dmp partitions (actors) on this worker: model part + shard."""
+    from dmp.engine.comm import payload_nbytes
 
-    def nbytes(obj, depth=0):
-        if isinstance(obj, np.ndarray):
-            return obj.nbytes
-        if depth < 3 and isinstance(obj, dict):
-            return sum(nbytes(v, depth + 1) for v in obj.values())
-        if depth < 3 and isinstance(obj, (list, tuple)):
-            return sum(nbytes(v, depth + 1) for v in obj)
-        return 0
-
-    total = 0
-    for actor in list(dask_worker.state.actors.values()):
-        total += nbytes(getattr(actor, "state", None))
-    return total / 2**20
+    return sum(payload_nbytes(getattr(actor, "state", None))
+               for actor in list(dask_worker.state.actors.values())) / 2**20
 
 
 def _warm() -> bool:

@@ -5,6 +5,28 @@ from __future__ import annotations
 import numpy as np
 
 
+def _pyplot(path):
+    """matplotlib.pyplot, on the file-only Agg backend when the figure goes to ``path``."""
+    import matplotlib
+
+    if path is not None:
+        matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _finish(fig, path):
+    """Save ``fig`` to ``path`` (PNG) and close it, returning the path; or return it open."""
+    if path is None:
+        return fig
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_convergence(histories: dict, *, path=None, ax=None, best=None):
     """Objective suboptimality and duality gap against wall time, one line per run.
 
@@ -17,11 +39,7 @@ def plot_convergence(histories: dict, *, path=None, ax=None, best=None):
     best : float, optional
         Reference objective; defaults to the smallest objective seen in any run.
     """
-    import matplotlib
-
-    if path is not None:
-        matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    plt = _pyplot(path)
 
     if ax is None:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -55,11 +73,7 @@ def plot_convergence(histories: dict, *, path=None, ax=None, best=None):
             axes[1].set(xlabel="wall time (s)", ylabel="objective", title="objective")
             axes[1].legend()
     fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return path
-    return fig
+    return _finish(fig, path)
 
 
 def plot_suboptimality(histories: dict, *, reference: float, path=None, x_blocks=True):
@@ -75,11 +89,7 @@ def plot_suboptimality(histories: dict, *, reference: float, path=None, x_blocks
     path : str, optional
         Save the figure there (PNG) instead of returning it open.
     """
-    import matplotlib
-
-    if path is not None:
-        matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    plt = _pyplot(path)
 
     fig, axes = plt.subplots(1, 2 if x_blocks else 1, figsize=(11 if x_blocks else 6, 4))
     axes = np.atleast_1d(axes)
@@ -101,11 +111,7 @@ def plot_suboptimality(histories: dict, *, reference: float, path=None, x_blocks
     for a in axes:
         a.legend(fontsize=8)
     fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return path
-    return fig
+    return _finish(fig, path)
 
 
 def plot_rmse(histories: dict, *, path=None, test_rmse=None):
@@ -122,11 +128,7 @@ def plot_rmse(histories: dict, *, path=None, test_rmse=None):
     test_rmse : dict, optional
         ``{label: final test RMSE}``, drawn as a horizontal marker.
     """
-    import matplotlib
-
-    if path is not None:
-        matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    plt = _pyplot(path)
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for n, (label, h) in enumerate(histories.items()):
@@ -158,11 +160,8 @@ def plot_rmse(histories: dict, *, path=None, test_rmse=None):
         a.grid(True, which="both", alpha=0.3)
     axes[1].legend(fontsize=8)
     fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return None
-    return fig
+    out = _finish(fig, path)
+    return None if path is not None else out
 
 
 def plot_training(history, *, path=None, metric: str = "objective", title: str | None = None):
@@ -180,11 +179,7 @@ def plot_training(history, *, path=None, metric: str = "objective", title: str |
     metric : str
         The metric to draw (``objective``, ``dual_gap``, ``valid_rmse``, ...).
     """
-    import matplotlib
-
-    if path is not None:
-        matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    plt = _pyplot(path)
 
     if not len(history) or "round" not in history:
         raise ValueError("history is empty: fit the estimator first")
@@ -223,8 +218,4 @@ def plot_training(history, *, path=None, metric: str = "objective", title: str |
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        return path
-    return fig
+    return _finish(fig, path)

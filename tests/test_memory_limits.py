@@ -13,6 +13,7 @@ from dmp.decomposition import MatrixFactorization
 from dmp.engine.backends.base import InsufficientMemoryError
 from dmp.engine.backends.dask import check_partition_memory
 from dmp.engine.backends.local import LocalBackend
+from dmp.engine.comm import payload_nbytes
 from dmp.io import write_sparse
 from dmp.linear_model import Lasso, SparsifiedSGDRegressor
 
@@ -23,16 +24,6 @@ class SpyBackend(LocalBackend):
     def start(self, program, specs):
         super().start(program, specs)
         self.seen = (program, specs, [w.state for w in self.workers])
-
-
-def _nbytes(obj, depth=0):
-    if isinstance(obj, np.ndarray):
-        return obj.nbytes
-    if depth < 3 and isinstance(obj, dict):
-        return sum(_nbytes(v, depth + 1) for v in obj.values())
-    if depth < 3 and isinstance(obj, (list, tuple)):
-        return sum(_nbytes(v, depth + 1) for v in obj)
-    return 0
 
 
 def _ratings(n_users=3000, n_items=800, nnz=60_000, seed=0):
@@ -72,7 +63,7 @@ def test_partition_estimates_match_what_partitions_hold(tmp_path):
             make(backend).fit(*args)
         program, specs, states = backend.seen
         for spec, state in zip(specs, states):
-            est, actual = program.partition_nbytes(spec), _nbytes(state)
+            est, actual = program.partition_nbytes(spec), payload_nbytes(state)
             assert est is not None, name
             assert 0.8 * actual <= est <= 1.5 * actual + 4096, (name, est, actual)
 

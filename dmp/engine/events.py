@@ -115,13 +115,16 @@ class FitEvents:
         if register is not None:
             register()
         n = self.backend.n_partitions
-        workers = list(getattr(self.backend, "placement", []) or [])
         self._send("fit_start", estimator=self.desc, params=self.params,
                    program=getattr(self.program, "name", type(self.program).__name__),
                    primary_metric=getattr(self.program, "primary_metric", "objective"),
-                   n_partitions=n, workers=[str(w) for w in workers] or
-                   [f"partition-{k}" for k in range(n)],
+                   n_partitions=n,
+                   workers=self._workers() or [f"partition-{k}" for k in range(n)],
                    max_iter=self.max_iter, started=time.time())
+
+    def _workers(self) -> list[str]:
+        """The worker (name) of each partition, as placed now."""
+        return [str(w) for w in getattr(self.backend, "placement", []) or []]
 
     def round(self, rec: dict) -> None:
         self._send_round(rec)
@@ -133,8 +136,7 @@ class FitEvents:
         self._send("worker_lost", round=round, error=error)
 
     def recovered(self, resumed_round: int) -> None:
-        workers = list(getattr(self.backend, "placement", []) or [])
-        self._send("recovered", resumed_round=resumed_round, workers=[str(w) for w in workers])
+        self._send("recovered", resumed_round=resumed_round, workers=self._workers())
 
     def end(self, status: str, n_rounds: int, wall_s: float) -> None:
         # waits, so that every event of the fit has reached the scheduler when fit() returns

@@ -256,10 +256,11 @@ class DaskBackend:
         now and returns once the scheduler has it.
         """
         self._events.append(msg)
+        if wait:
+            self.log_event_flush()
+            return
         try:
-            if wait:
-                self.client.sync(self._flush_events, callback_timeout=10)
-            elif not self._flusher_started:
+            if not self._flusher_started:
                 self._flusher_started = True
                 self.client.loop.add_callback(self._flush_loop)
         except Exception:  # telemetry must never break a fit
