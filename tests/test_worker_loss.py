@@ -131,3 +131,28 @@ def test_two_losses_in_a_row(cluster3, tmp_path):
     _wait_for_workers(cluster3)
     assert kills == [20, 45] and len(est.recoveries_) == 2
     np.testing.assert_allclose(result(est), result(reference), rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.timeout(120)
+def test_loss_while_partitions_load_recovers(cluster3):
+    """A worker killed while its partition waits to load (its task queued behind another)
+    used to leave the task restricted to an address that never returns: the fit waited
+    forever (found by the soak run in CI).  Now it is a worker loss like any other."""
+    make, args, result, _ = CASES["sparsified-isega"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = make(backend="local", n_workers=3).fit(*args)
+    _wait_for_workers(cluster3)
+    victim = next(a for a, w in cluster3.scheduler_info()["workers"].items()
+                  if str(w["name"]) == "1")
+    blocker = cluster3.submit(time.sleep, 3, workers=[victim], pure=False)
+    threading.Timer(1.5, _kill_one, (cluster3,)).start()
+    t0 = time.monotonic()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = make(backend=cluster3, n_workers=3).fit(*args)
+    del blocker
+    _wait_for_workers(cluster3)
+    assert len(est.recoveries_) == 1 and est.recoveries_[0]["round"] == 0, est.recoveries_
+    assert time.monotonic() - t0 < 60
+    np.testing.assert_allclose(result(est), result(reference), rtol=1e-7, atol=1e-9)

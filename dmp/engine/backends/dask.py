@@ -19,21 +19,26 @@ EVENT_FLUSH_S = 0.2
 _LOST_MARKERS = ("lost", "closed", "connection", "timed out", "no valid worker", "not found")
 
 
-def cluster_workers(client) -> dict:
-    """``{address: name}`` of the workers the scheduler knows now.
+def _identity_workers(client) -> dict:
+    """The scheduler's ``{address: worker info}``, asked directly: ``Client.scheduler_info()``
+    returns a cached identity that the client's periodic refresh (which omits workers) can
+    overwrite between the fetch and the read, so it is sometimes empty on a loaded machine."""
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
 
-    Asks the scheduler directly: ``Client.scheduler_info()`` returns a cached identity that
-    the client's periodic refresh (which omits workers) can overwrite between the fetch and
-    the read, so it is sometimes empty on a loaded machine.
-    """
-    info = client.sync(client.scheduler.identity, n_workers=-1)["workers"]
-    return {addr: w.get("name", addr) for addr, w in info.items()}
+
+def cluster_workers(client) -> dict:
+    """``{address: name}`` of the workers the scheduler knows now."""
+    return {addr: w.get("name", addr) for addr, w in _identity_workers(client).items()}
 
 
 def worker_memory_limits(client) -> dict:
     """``{name: memory limit in bytes}`` of the workers (0 means no limit)."""
-    info = client.sync(client.scheduler.identity, n_workers=-1)["workers"]
-    return {w.get("name", addr): int(w.get("memory_limit") or 0) for addr, w in info.items()}
+    return {w.get("name", addr): int(w.get("memory_limit") or 0)
+            for addr, w in _identity_workers(client).items()}
+
+
+#: seconds between two checks, while partitions load, that their workers are still there
+CREATE_POLL_S = 0.5
 
 
 #: resident memory of a worker before it holds a partition: Python, numpy/scipy, Dask, Numba
@@ -146,19 +151,46 @@ class DaskBackend:
 
     def _create(self, program, specs, names) -> None:
         self.placement = [names[k % len(names)] for k in range(len(specs))]
-        check_partition_memory(program, specs, self.placement,
-                               worker_memory_limits(self.client))
+        workers = _identity_workers(self.client)
+        address = {w.get("name", a): a for a, w in workers.items()}
+        limits = {w.get("name", a): int(w.get("memory_limit") or 0) for a, w in workers.items()}
+        check_partition_memory(program, specs, self.placement, limits)
+        missing = [n for n in self.placement if n not in address]
+        if missing:
+            raise WorkerLostError(f"worker(s) {missing} left before the partitions were placed")
+        # restricted to the *address*: a name restriction is resolved once at submission, so
+        # either way a worker that dies now leaves its task waiting forever for an address
+        # that never returns; the loop below notices and reports a worker loss instead
+        targets = [address[n] for n in self.placement]
         futs = [self.client.submit(ActorPartitionWorker, program, spec, k, actor=True,
-                                   workers=[self.placement[k]], allow_other_workers=False,
+                                   workers=[targets[k]], allow_other_workers=False,
                                    pure=False)
                 for k, spec in enumerate(specs)]
+        self._futures = futs  # keep the actor futures alive (released by _release_actors)
         try:
-            self.actors = [f.result() for f in futs]
+            self.actors = [self._await_partition(f, targets) for f in futs]
         except Exception as exc:
+            for f in futs:
+                f.cancel()
+            if isinstance(exc, WorkerLostError):
+                raise
             if _is_worker_loss(exc):
                 raise WorkerLostError(f"a worker was lost while loading partitions: {exc}") from exc
             raise
-        self._futures = futs  # keep the actor futures alive
+
+    def _await_partition(self, fut, targets):
+        """``fut.result()``, but a worker loss among ``targets`` while waiting raises
+        `WorkerLostError` instead of waiting forever."""
+        while True:
+            try:
+                return fut.result(timeout=CREATE_POLL_S)
+            except TimeoutError:
+                if not fut.done():
+                    gone = set(targets) - set(_identity_workers(self.client))
+                    if gone:
+                        raise WorkerLostError(f"worker(s) {sorted(gone)} left while loading "
+                                              f"partitions") from None
+                continue
 
     def start(self, program, specs) -> None:
         if self.direct:
