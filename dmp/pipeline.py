@@ -53,54 +53,138 @@ class PipelineError(ValueError):
     """A pipeline file is invalid."""
 
 
+def _key_lines(node, prefix=()) -> dict:
+    """``{(key, subkey, ...): line}`` (1-based) of every mapping key in a composed YAML node."""
+    lines = {}
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            if isinstance(key, yaml.ScalarNode):
+                path = (*prefix, key.value)
+                lines[path] = key.start_mark.line + 1
+                lines.update(_key_lines(value, path))
+    return lines
+
+
 def load_pipeline(path) -> dict:
-    """Read and validate a pipeline YAML file; errors name the file and the key."""
+    """Read and validate a pipeline YAML file.
+
+    Every error names the file, the line and the key (``file.yaml:7: ...``), including the
+    estimator's own parameter checks, so a typo is found before any data is built or any
+    cluster is started.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"pipeline file {str(path)!r} does not exist")
     try:
-        spec = yaml.safe_load(path.read_text())
+        text = path.read_text()
+    except UnicodeDecodeError as exc:
+        raise PipelineError(f"{path}: not a text file ({exc})") from None
+    try:
+        spec = yaml.safe_load(text)
+        lines = _key_lines(yaml.compose(text))
     except yaml.YAMLError as exc:
-        raise PipelineError(f"{path}: not valid YAML: {exc}") from exc
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise PipelineError(f"{where}: not valid YAML: {problem}") from None
+
+    def fail(msg, *keys):
+        while keys and keys not in lines:
+            keys = keys[:-1]
+        where = f"{path}:{lines[keys]}" if keys else str(path)
+        raise PipelineError(f"{where}: {msg}")
+
     if not isinstance(spec, dict):
-        raise PipelineError(f"{path}: a pipeline must be a mapping of keys")
-    unknown = set(spec) - _KEYS
-    if unknown:
-        raise PipelineError(f"{path}: unknown key(s) {sorted(unknown)}; allowed: {sorted(_KEYS)}")
+        fail("a pipeline must be a mapping of keys")
+    for key in spec:
+        if key not in _KEYS:
+            fail(f"unknown key {key!r}; allowed: {sorted(_KEYS)}", key)
     if not isinstance(spec.get("storage_options", {}), dict):
-        raise PipelineError(f"{path}: 'storage_options' must be a mapping of fsspec options")
+        fail("'storage_options' must be a mapping of fsspec options", "storage_options")
     if "checkpoints" in spec and not isinstance(spec["checkpoints"], str):
-        raise PipelineError(f"{path}: 'checkpoints' must be a path or URL")
+        fail("'checkpoints' must be a path or URL", "checkpoints")
     for key in ("name", "dataset", "estimator"):
         if key not in spec:
-            raise PipelineError(f"{path}: missing required key {key!r}")
+            fail(f"missing required key {key!r}")
+    if not isinstance(spec["name"], str) or not spec["name"].strip():
+        fail("'name' must be a non-empty string", "name")
     est = spec["estimator"]
     if not isinstance(est, dict) or "class" not in est:
-        raise PipelineError(f"{path}: 'estimator' needs a 'class' (one of {sorted(_ESTIMATORS)})")
+        fail(f"'estimator' needs a 'class' (one of {sorted(_ESTIMATORS)})", "estimator")
     if est["class"] not in _ESTIMATORS:
-        raise PipelineError(f"{path}: unknown estimator class {est['class']!r}; "
-                            f"known: {sorted(_ESTIMATORS)}")
-    bad = set(est) - {"class", "params"}
-    if bad:
-        raise PipelineError(f"{path}: unknown key(s) under 'estimator': {sorted(bad)}")
+        fail(f"unknown estimator class {est['class']!r}; known: {sorted(_ESTIMATORS)}",
+             "estimator", "class")
+    for key in est:
+        if key not in ("class", "params"):
+            fail(f"unknown key {key!r} under 'estimator' (allowed: class, params)",
+                 "estimator", key)
     cluster = spec.get("cluster") or {}
-    bad = set(cluster) - _CLUSTER_KEYS
-    if bad:
-        raise PipelineError(f"{path}: unknown key(s) under 'cluster': {sorted(bad)}; "
-                            f"allowed: {sorted(_CLUSTER_KEYS)}")
+    if not isinstance(cluster, dict):
+        fail(f"'cluster' must be a mapping with keys {sorted(_CLUSTER_KEYS)}", "cluster")
+    for key in cluster:
+        if key not in _CLUSTER_KEYS:
+            fail(f"unknown key {key!r} under 'cluster'; allowed: {sorted(_CLUSTER_KEYS)}",
+                 "cluster", key)
+    for key in ("n_workers", "threads_per_worker"):
+        v = cluster.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            fail(f"'cluster.{key}' must be a positive integer, got {v!r}", "cluster", key)
+    every = spec.get("checkpoint_every")
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int)
+                              or every < 1):
+        fail(f"'checkpoint_every' must be a positive integer, got {every!r}",
+             "checkpoint_every")
     compare = spec.get("compare") or {}
-    if not isinstance(compare, dict) or len(compare) > 1:
-        raise PipelineError(f"{path}: 'compare' must map one parameter to a list of values")
+    if (not isinstance(compare, dict) or len(compare) > 1
+            or any(not isinstance(v, list) or not v for v in compare.values())):
+        fail("'compare' must map one parameter to a non-empty list of values", "compare")
     params = est.get("params") or {}
+    if not isinstance(params, dict):
+        fail("'estimator.params' must be a mapping of parameter: value", "estimator", "params")
     if "alpha_ratio" in params and est["class"] != "Lasso":
-        raise PipelineError(f"{path}: 'alpha_ratio' is only defined for Lasso")
+        fail("'alpha_ratio' is only defined for Lasso", "estimator", "params", "alpha_ratio")
+    if "alpha_ratio" in params and "alpha" in params:
+        fail("give either 'alpha' or 'alpha_ratio', not both",
+             "estimator", "params", "alpha_ratio")
+    _check_params(est["class"], params, compare, fail)
     ref = spec.get("reference")
     if ref is not None and (ref != "lbfgs" or est["class"] not in _SPARSIFIED):
-        raise PipelineError(f"{path}: 'reference' may only be 'lbfgs', for "
-                            f"{' / '.join(_SPARSIFIED)}; got {ref!r}")
+        fail(f"'reference' may only be 'lbfgs', for {' / '.join(_SPARSIFIED)}; got {ref!r}",
+             "reference")
     spec["_path"] = str(path.resolve())
     spec.setdefault("output", f"runs/{spec['name']}")
     return spec
+
+
+def _check_params(class_name, params, compare, fail) -> None:
+    """Run the estimator's own parameter checks on ``params`` (and on every ``compare``
+    value) now, reporting the line of the offending parameter."""
+    cls = _estimator_class(class_name)
+    known = set(cls().get_params())
+    for key in params:
+        if key not in known and key != "alpha_ratio":
+            fail(f"unknown parameter {key!r} for {class_name}; known: {sorted(known)}",
+                 "estimator", "params", key)
+    for key in compare:
+        if key not in known:
+            fail(f"'compare' names {key!r}, not a parameter of {class_name}", "compare", key)
+    values = dict(params)
+    if "alpha_ratio" in values:
+        ratio = values.pop("alpha_ratio")
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
+            fail(f"'alpha_ratio' must be a number > 0, got {ratio!r}",
+                 "estimator", "params", "alpha_ratio")
+        values["alpha"] = 1.0   # the real alpha is known once the data is
+    (cmp_key, cmp_values), = compare.items() if compare else ((None, [None]),)
+    for value in cmp_values:
+        trial = {**values, cmp_key: value} if cmp_key else values
+        try:
+            cls(**trial)._validate_params()
+        except (TypeError, ValueError) as exc:
+            bad = [k for k in trial if re.search(rf"\b{re.escape(k)}\b", str(exc))]
+            keys = (("compare", cmp_key) if cmp_key in bad else
+                    ("estimator", "params", bad[0]) if bad else ("estimator", "params"))
+            fail(f"invalid parameter for {class_name}: {exc}", *keys)
 
 
 def _estimator_class(name):
@@ -240,8 +324,6 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
     compare = spec.get("compare") or {}
     (cmp_key, cmp_values), = compare.items() if compare else ((None, [None]),)
 
-    if ratio is not None and "alpha" in params:
-        raise PipelineError(f"{spec['_path']}: give either 'alpha' or 'alpha_ratio', not both")
     client, cluster = _start_cluster(spec, scheduler, workers)
     tmp_out = out.parent / f"{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:

@@ -54,14 +54,18 @@ class CommandLineCluster:
             stdout=subprocess.DEVNULL, stderr=open(self.tmp / f"{name}.log", "a"))
 
     def close(self) -> None:
-        for p in [*self.workers.values(), self.scheduler]:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in [*self.workers.values(), self.scheduler]:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        # workers first: a worker whose scheduler is already gone spends its shutdown
+        # waiting to tell it so
+        for group in (list(self.workers.values()), [self.scheduler]):
+            for p in group:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for p in group:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
 
 
 def _dmp_run(pipeline, out, *extra):
@@ -73,16 +77,26 @@ def _dmp_run(pipeline, out, *extra):
     return metrics, coef, proc.stdout
 
 
+def _reference(n_workers, alpha):
+    """The uninterrupted fit of PIPELINE, in-process: the local backend computes what the
+    Dask backend does for the same partitions (tests/test_dask_backend.py), and `dmp run`
+    on an embedded cluster runs the Dask backend (tests/test_cli.py)."""
+    from dmp.io import build_dataset
+    from dmp.linear_model import Lasso
+
+    est = Lasso(alpha=alpha, tol=1e-6, max_iter=3000, random_state=0, schedule="priority",
+                backend="local", n_workers=n_workers).fit(build_dataset("lasso_small"))
+    return {"rounds": est.n_iter_, "objective": est.objective_}, est.coef_
+
+
 @pytest.mark.slow
 @pytest.mark.dask
 @pytest.mark.timeout(600)
-def test_command_line_cluster_matches_embedded_and_survives_a_replaced_worker(tmp_path):
+def test_command_line_cluster_matches_in_process_and_survives_a_replaced_worker(tmp_path):
     from distributed import Client
 
     pipeline = tmp_path / "pipeline.yaml"
     pipeline.write_text(PIPELINE)
-    ref_metrics, ref_coef, _ = _dmp_run(pipeline, tmp_path / "embedded", "--workers", "3")
-    ref = ref_metrics["runs"]["Lasso"]
 
     cluster = CommandLineCluster(3, tmp_path)
     try:
@@ -96,6 +110,7 @@ def test_command_line_cluster_matches_embedded_and_survives_a_replaced_worker(tm
             metrics, coef, printed = _dmp_run(pipeline, tmp_path / "cli",
                                               "--scheduler", cluster.address)
             got = metrics["runs"]["Lasso"]
+            ref, ref_coef = _reference(3, metrics["params"]["alpha"])
             assert metrics["n_workers"] == 3 and got["rounds"] == ref["rounds"]
             assert abs(got["objective"] - ref["objective"]) <= 1e-12 * ref["objective"]
             np.testing.assert_allclose(coef, ref_coef, rtol=0, atol=1e-12)
@@ -165,15 +180,7 @@ def test_killed_driver_resumes_with_dmp_run_resume(tmp_path):
 
     metrics, coef, printed = _dmp_run(pipeline, out, "--workers", "2", "--resume")
     got = metrics["runs"]["Lasso"]
-    # the uninterrupted fit, in-process (the local backend computes what the Dask one does)
-    from dmp.io import build_dataset
-    from dmp.linear_model import Lasso
-
-    reference = Lasso(alpha=metrics["params"]["alpha"], tol=1e-6, max_iter=3000,
-                      random_state=0, schedule="priority", backend="local",
-                      n_workers=2).fit(build_dataset("lasso_small"))
-    ref, ref_coef = {"rounds": reference.n_iter_, "objective": reference.objective_}, \
-        reference.coef_
+    ref, ref_coef = _reference(2, metrics["params"]["alpha"])
     # (the Lasso may stop a round apart: its gap check is where a resumed run re-enters)
     assert killed_at < got["rounds"] and abs(got["rounds"] - ref["rounds"]) <= 2
     assert abs(got["objective"] - ref["objective"]) <= 1e-8 * ref["objective"]

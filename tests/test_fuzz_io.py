@@ -13,7 +13,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from dmp.io import open_dataset, write_sparse  # noqa: E402
+from dmp.io import open_dataset, write_ratings, write_sparse, write_sparse_rows  # noqa: E402,E501
 from dmp.io.ratings import read_ratings_file  # noqa: E402
 from dmp.io.sparse import DatasetError  # noqa: E402
 from dmp.io.svmlight import convert_svmlight, read_svmlight  # noqa: E402
@@ -106,41 +106,126 @@ def test_ratings_reader_parses_or_says_why(data):
 
 
 @pytest.fixture(scope="module")
-def valid_store(tmp_path_factory):
+def valid_stores(tmp_path_factory):
+    """One small store of each kind: column blocks, row blocks, ratings (three splits, ids)."""
     import scipy.sparse as sp
 
     X = sp.random(40, 30, density=0.2, random_state=0, format="csc")
-    path = tmp_path_factory.mktemp("store") / "ds.zarr"
-    write_sparse(path, X, np.arange(40.0), n_shards=3)
-    return path
+    root = tmp_path_factory.mktemp("stores")
+    write_sparse(root / "columns.zarr", X, np.arange(40.0), n_shards=3)
+    write_sparse_rows(root / "rows.zarr", X.tocsr(), np.arange(40.0), n_shards=3)
+    R = sp.random(50, 20, density=0.3, random_state=1, format="coo")
+    codes = np.random.default_rng(0).integers(0, 3, R.nnz)
+    write_ratings(root / "ratings.zarr", R.row, R.col, 5 * R.data, shape=R.shape, split=codes,
+                  user_ids=np.arange(100, 150), item_ids=[f"m{j}" for j in range(20)])
+    return {"columns": root / "columns.zarr", "rows": root / "rows.zarr",
+            "ratings": root / "ratings.zarr"}
 
 
-@FUZZ
-@given(st.integers(0, 10_000), st.integers(0, 3), st.binary(max_size=64))
-def test_corrupt_store_is_rejected_clearly(valid_store, which, how, junk):
-    files = sorted(p for p in valid_store.rglob("*") if p.is_file())
+def _read_everything(path):
+    """Open the store and read every array the way the estimators do, checking that what
+    comes back is consistent and finite."""
+    ds = open_dataset(path)
+    if ds.KIND == "sparse-columns":
+        for k in range(ds.n_shards):
+            M = ds.load_shard(k)
+            assert M.shape == (ds.shape[0], int(ds.col_bounds[k + 1] - ds.col_bounds[k]))
+            assert np.all(np.isfinite(M.data))
+        assert np.all(np.isfinite(ds.load_y()))
+    elif ds.KIND == "sparse-rows":
+        for k in range(ds.n_shards):
+            M, y = ds.load_rows(k)
+            assert M.shape == (int(ds.row_bounds[k + 1] - ds.row_bounds[k]), ds.shape[1])
+            assert len(y) == M.shape[0] and np.all(np.isfinite(M.data))
+        ds.validate()
+    else:
+        ds.validate()
+        for split in ds.splits:
+            u, i, r = ds.to_coo(split)
+            assert len(u) == len(i) == len(r) == ds.nnz_of(split)
+            assert np.all((0 <= u) & (u < ds.n_users)) and np.all((0 <= i) & (i < ds.n_items))
+            assert np.all(np.isfinite(r))
+
+
+def _corrupt(victim: Path, how: int, junk: bytes) -> None:
+    raw = victim.read_bytes()
+    if how == 0:
+        victim.write_bytes(raw[: len(raw) // 2])            # truncated
+    elif how == 1:
+        victim.write_bytes(junk)                             # replaced
+    elif how == 2:
+        victim.unlink()                                      # missing
+    else:
+        p = len(raw) // 3                                    # bytes flipped inside
+        victim.write_bytes(raw[:p] + bytes(b ^ 0xFF for b in raw[p:p + 8]) + raw[p + 8:])
+
+
+def _copy(store: Path) -> tuple[Path, Path]:
     d = Path(tempfile.mkdtemp(prefix="dmp-fuzz-store-"))
+    copy = d / store.name
+    shutil.copytree(store, copy)
+    return d, copy
+
+
+KINDS = ["columns", "rows", "ratings"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@FUZZ
+@given(which=st.integers(0, 10_000), how=st.integers(0, 3), junk=st.binary(max_size=64))
+def test_corrupt_store_is_rejected_clearly(valid_stores, kind, which, how, junk):
+    store = valid_stores[kind]
+    files = sorted(p for p in store.rglob("*") if p.is_file())
+    d, copy = _copy(store)
     try:
-        copy = d / "ds.zarr"
-        shutil.copytree(valid_store, copy)
-        victim = copy / files[which % len(files)].relative_to(valid_store)
-        raw = victim.read_bytes()
-        if how == 0:
-            victim.write_bytes(raw[: len(raw) // 2])            # truncated
-        elif how == 1:
-            victim.write_bytes(junk)                             # replaced
-        elif how == 2:
-            victim.unlink()                                      # missing
-        else:
-            p = len(raw) // 3                                    # bytes flipped inside
-            victim.write_bytes(raw[:p] + bytes(b ^ 0xFF for b in raw[p:p + 8]) + raw[p + 8:])
+        _corrupt(copy / files[which % len(files)].relative_to(store), how, junk)
         try:
-            ds = open_dataset(copy)
-            for k in range(ds.n_shards):
-                M = ds.load_shard(k)
-                assert M.shape == (ds.shape[0], int(ds.col_bounds[k + 1] - ds.col_bounds[k]))
-                assert np.all(np.isfinite(M.data))
-            ds.load_y()
+            _read_everything(copy)
+        except CLEAR:
+            pass
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+#: values an attacker or a buggy writer could declare: huge sizes (no allocation may happen
+#: before they are checked against the arrays), negative, fractional, wrong types
+HOSTILE = st.one_of(
+    st.sampled_from([2**62, 2**40, -1, 0, 1, 3, 1.5, float("nan"), "", "float64", None,
+                     True, [], [2**62, 2**62], [-5, 3], [0, 2**40, 30], {"train": 2**50}]),
+    st.integers(-2**63, 2**63 - 1),
+    st.lists(st.integers(-2**40, 2**40), max_size=5))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@FUZZ
+@given(which=st.integers(0, 10_000), value=HOSTILE, in_array=st.booleans())
+def test_hostile_metadata_is_rejected_before_allocating(valid_stores, kind, which, value,
+                                                        in_array):
+    """Any attribute of the dataset, or the declared shape of any array, replaced by a
+    hostile value: the store reads consistently or fails with a clear error -- never a
+    MemoryError from allocating a declared size, never another exception, never a hang."""
+    import json
+
+    store = valid_stores[kind]
+    d, copy = _copy(store)
+    try:
+        if in_array:
+            metas = sorted(p for p in copy.rglob("zarr.json")
+                           if json.loads(p.read_text())["node_type"] == "array")
+            meta = metas[which % len(metas)]
+            doc = json.loads(meta.read_text())
+            key = "shape"
+        else:
+            meta = copy / "zarr.json"
+            doc = json.loads(meta.read_text())
+            attrs = doc["attributes"]
+            key = sorted(attrs)[which % len(attrs)]
+            doc = {**doc, "attributes": {**attrs, key: value}}
+        if in_array:
+            doc[key] = value
+        meta.write_text(json.dumps(doc))
+        try:
+            _read_everything(copy)
         except CLEAR:
             pass
     finally:
