@@ -2,6 +2,7 @@
 mutated inputs either parse into consistent, finite data or raise a clear error (ValueError /
 DatasetError / FileNotFoundError) -- never another exception, and never partial output."""
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,9 +20,13 @@ from dmp.io.sparse import DatasetError  # noqa: E402
 from dmp.io.svmlight import convert_svmlight, read_svmlight  # noqa: E402
 
 CLEAR = (ValueError, FileNotFoundError)   # DatasetError and UnicodeDecodeError are ValueErrors
-FUZZ = settings(max_examples=120, deadline=None,
+#: examples per property; DMP_FUZZ_EXAMPLES=2000 for a deep run outside the test suite
+EXAMPLES = int(os.environ.get("DMP_FUZZ_EXAMPLES", "100"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow])
+#: the store properties copy a store per example: fewer of them in the suite
+STORE_FUZZ = settings(FUZZ, max_examples=max(EXAMPLES // 3, 10))
 
 VALID_SVM = (b"1 1:0.5 3:1.25\n-1 2:2 4:-1\n0.5 1:1 2:1 3:1 4:1\n2 4:3e-2\n")
 VALID_RATINGS = b"userId,movieId,rating\n1,10,4.0\n1,11,3.5\n2,10,5\n3,12,1\n"
@@ -171,7 +176,7 @@ KINDS = ["columns", "rows", "ratings"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@FUZZ
+@STORE_FUZZ
 @given(which=st.integers(0, 10_000), how=st.integers(0, 3), junk=st.binary(max_size=64))
 def test_corrupt_store_is_rejected_clearly(valid_stores, kind, which, how, junk):
     store = valid_stores[kind]
@@ -197,7 +202,7 @@ HOSTILE = st.one_of(
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@FUZZ
+@STORE_FUZZ
 @given(which=st.integers(0, 10_000), value=HOSTILE, in_array=st.booleans())
 def test_hostile_metadata_is_rejected_before_allocating(valid_stores, kind, which, value,
                                                         in_array):
@@ -245,3 +250,30 @@ def test_fuzz_sanity():
         assert len(users) == len(items) == len(ratings) == 4
     finally:
         shutil.rmtree(p.parent, ignore_errors=True)
+
+
+@pytest.mark.parametrize("kind", ["columns", "rows"])
+def test_huge_declared_size_is_refused_before_allocating(valid_stores, kind):
+    """A store declaring 2**40 samples consistently (attributes and array metadata) is
+    refused with a message naming the size, without trying to allocate 8 TiB."""
+    import json
+
+    d, copy = _copy(valid_stores[kind])
+    try:
+        root = json.loads((copy / "zarr.json").read_text())
+        attrs = root["attributes"]
+        huge = 2**40
+        attrs["shape"] = [huge, attrs["shape"][1]]
+        meta = copy / "y" / "zarr.json"
+        if kind == "rows":
+            attrs["row_bounds"] = [*attrs["row_bounds"][:-1], huge]
+            meta = copy / "shards" / f"s{attrs['n_shards'] - 1:04d}" / "indptr" / "zarr.json"
+        (copy / "zarr.json").write_text(json.dumps(root))
+        doc = json.loads(meta.read_text())
+        doc["shape"] = [huge if kind == "columns" else huge - attrs["row_bounds"][-2] + 1]
+        meta.write_text(json.dumps(doc))
+        ds = open_dataset(copy)
+        with pytest.raises(DatasetError, match=r"declares [\d,]+\.\d GiB, more than"):
+            ds.load_y() if kind == "columns" else ds.load_rows(ds.n_shards - 1)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

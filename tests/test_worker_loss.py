@@ -105,6 +105,9 @@ def test_random_kill_gives_the_undisturbed_result(cluster3, tmp_path, name):
                    checkpoint_every=every, callback=kill_soon).fit(*args)
     _wait_for_workers(cluster3)
     assert fired == [at_round] and len(est.recoveries_) == 1, est.recoveries_
+    # history_ records it: rounds computed after the recovery count one loss
+    losses = est.history_["worker_losses"]
+    assert losses[0] == 0 and losses[-1] == 1 and np.all(np.diff(losses) >= 0)
     np.testing.assert_allclose(result(est), result(reference), rtol=1e-7, atol=1e-9)
     assert abs(est.objective_ - reference.objective_) <= 1e-9 * abs(reference.objective_)
 

@@ -116,7 +116,8 @@ class MatrixFactorization(BaseEstimator):
     history_ : dict of arrays
         Per round: ``iteration``, ``phase`` ("init", "W", "H"), ``objective``,
         ``train_rmse``, ``valid_rmse`` (NaN without validation data), ``time``, ``round_s``,
-        ``push_s`` (rounds x workers) and ``bytes_schedule``, ``bytes_push``, ``bytes_pull``.
+        ``push_s`` (rounds x workers), ``bytes_schedule``, ``bytes_push``, ``bytes_pull`` and
+        ``worker_losses`` (losses recovered from before the round ran).
     block_size_ : int
         Coordinates per round (1 for CCD++).
     """

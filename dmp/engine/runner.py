@@ -112,17 +112,18 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
 
     def recover():
         """Re-create the partitions and restore; a loss during the recovery itself (a second
-        worker dying, a replacement not yet registered) starts it over."""
+        worker dying, or the lost worker still registered when the partitions are placed)
+        starts it over, recorded as a retry of the same recovery."""
         while True:
             try:
                 return restore_or_init(False)
             except WorkerLostError as again:
-                recoveries.append({"round": recoveries[-1]["round"], "error": str(again),
-                                   "time": recoveries[-1]["time"]})
+                retries = recoveries[-1].setdefault("retries", [])
+                retries.append(str(again))
                 logger.warning("worker lost during the recovery (%s); starting it over", again)
-                if len(recoveries) > max_recoveries:
-                    raise RuntimeError(f"gave up after {max_recoveries} worker losses") \
-                        from again
+                if len(retries) > max_recoveries:
+                    raise RuntimeError(f"gave up after {max_recoveries} failed attempts to "
+                                       f"recover from a worker loss") from again
 
     if store is not None and not resume and store.latest() is not None:
         raise FileExistsError(f"checkpoint location {store.path!r} already holds a checkpoint; "
@@ -185,7 +186,10 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
                            "round_s": round_s, "push_s": push_s,
                            "idle_s": [max(round_s - p, 0.0) for p in push_s],
                            "bytes_schedule": b_sched, "bytes_push": payload_nbytes(partials),
-                           "bytes_pull": b_bcast}
+                           "bytes_pull": b_bcast,
+                           # losses recovered from before this round ran (details in
+                           # RunResult.recoveries / the estimators' recoveries_)
+                           "worker_losses": len(recoveries)}
                     rec.update(program.metrics())
                     history.append(rec)
                     events.round(rec)

@@ -40,7 +40,8 @@ import scipy.sparse as sp
 from zarr.codecs import BloscCodec, ZstdCodec
 
 from .sparse import (FORMAT_VERSION, DatasetError, _atomic_write, _balanced_bounds,
-                     _check_dest, _normalize_path, _StoredDataset, check_compressed)
+                     _check_dest, _normalize_path, _StoredDataset, attr_int, attr_ints,
+                     check_compressed)
 
 __all__ = ["RatingsDataset", "InMemoryRatingsDataset", "write_ratings", "read_ratings_file",
            "convert_ratings"]
@@ -589,9 +590,9 @@ class RatingsDataset(_RatingsBase):
         self.path = path
         self.storage_options = storage_options
         try:
-            shape = [int(s) for s in attrs["shape"]]
+            shape = attr_ints(attrs["shape"], "shape", low=1).tolist()
             splits = list(attrs["splits"])
-            nnz = {str(k): int(v) for k, v in dict(attrs["nnz"]).items()}
+            nnz = {str(k): attr_int(v, "nnz") for k, v in dict(attrs["nnz"]).items()}
             self.duplicates = str(attrs["duplicates"])
             if np.dtype(attrs["dtype"]) != np.float64:
                 raise ValueError(f"dtype {attrs['dtype']!r} is not float64")
@@ -603,7 +604,8 @@ class RatingsDataset(_RatingsBase):
         except (KeyError, TypeError, ValueError) as e:
             raise DatasetError(f"{path!r}: malformed attributes ({type(e).__name__}: {e})") \
                 from None
-        if (len(shape) != 2 or min(shape) < 1 or "train" not in splits
+        if (len(shape) != 2 or shape[0] * shape[1] >= 2**62
+                or any(v > shape[0] * shape[1] for v in nnz.values()) or "train" not in splits
                 or any(s not in SPLITS for s in splits) or len(set(splits)) != len(splits)
                 or sorted(nnz) != sorted(splits) or any(v < 0 for v in nnz.values())
                 or nnz["train"] < 1):
@@ -641,7 +643,10 @@ class RatingsDataset(_RatingsBase):
             except KeyError:
                 raise DatasetError(f"dataset: array {name!r} is missing "
                                    f"({self.path}/{name})") from None
-            if z.shape != (n,) or z.dtype.kind != "T":
+            except Exception as e:   # zarr rejects its metadata
+                raise DatasetError(f"dataset: array {name!r} has corrupt metadata "
+                                   f"({type(e).__name__}: {e})") from None
+            if not hasattr(z, "dtype") or z.shape != (n,) or z.dtype.kind != "T":
                 raise DatasetError(f"dataset: {name!r} must be a string array of length {n}, "
                                    f"has shape {z.shape} and dtype {z.dtype}")
             try:

@@ -530,6 +530,42 @@ def check_compressed(indptr, indices, data, m, what, major, detail="",
         raise DatasetError(f"{what}: 'data' contains NaN or infinite values")
 
 
+def attr_int(value, name: str, *, low: int = 0) -> int:
+    """An integer attribute read from a store: a JSON integer (not a bool, not a float that
+    happens to be integral) of at least ``low``, else `DatasetError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise DatasetError(f"attribute {name!r} must be an integer >= {low}, got {value!r}")
+    return int(value)
+
+
+def attr_ints(value, name: str, *, low: int = 0) -> np.ndarray:
+    """A list-of-integers attribute (see `attr_int`) as int64."""
+    if not isinstance(value, (list, tuple)):
+        raise DatasetError(f"attribute {name!r} must be a list of integers, got {value!r}")
+    out = [attr_int(v, name, low=low) for v in value]
+    if any(v >= 2**63 for v in out):
+        raise DatasetError(f"attribute {name!r} holds values beyond int64: {value!r}")
+    return np.asarray(out, dtype=np.int64).reshape(len(out))
+
+
+#: arrays smaller than this are read without asking how much memory is free
+_MEMORY_CHECK_BYTES = 64 * 2**20
+
+
+def check_allocation(nbytes: int, what: str) -> None:
+    """Raise `DatasetError` before allocating ``nbytes`` for data a store *declares*, when that
+    is more than this machine's available memory (a corrupt or hostile size, not data)."""
+    if nbytes < _MEMORY_CHECK_BYTES:
+        return
+    import psutil
+
+    avail = psutil.virtual_memory().available
+    if nbytes > avail:
+        raise DatasetError(f"{what} declares {nbytes / 2**30:,.1f} GiB, more than the "
+                           f"{avail / 2**30:,.1f} GiB of memory available here; the store's "
+                           f"metadata is corrupt, or the data needs a bigger machine")
+
+
 class _StoredDataset:
     """What column- and row-sharded stored datasets share: attributes, ``y``, reading and
     checking one shard's compressed arrays.
@@ -547,22 +583,29 @@ class _StoredDataset:
         self.path = path
         self.storage_options = storage_options
         try:
-            n, p = (int(s) for s in attrs["shape"])
+            shape = attr_ints(attrs["shape"], "shape", low=1)
+            if shape.shape != (2,):
+                raise DatasetError(f"attribute 'shape' must be [n_samples, n_features], "
+                                   f"got {attrs['shape']!r}")
+            n, p = int(shape[0]), int(shape[1])
             self.shape = (n, p)
             self.n_samples, self.n_features = n, p
-            self.nnz = int(attrs["nnz"])
-            self.n_shards = int(attrs["n_shards"])
-            bounds = np.asarray(attrs[self.BOUNDS], dtype=np.int64)
+            self.nnz = attr_int(attrs["nnz"], "nnz")
+            self.n_shards = attr_int(attrs["n_shards"], "n_shards", low=1)
+            bounds = attr_ints(attrs[self.BOUNDS], self.BOUNDS)
             self.dtype = np.dtype(attrs["dtype"])
+            if self.dtype != np.float64:
+                raise DatasetError(f"attribute 'dtype' must be float64, got {attrs['dtype']!r}")
             sn = attrs.get("shard_nnz")
-            self._shard_nnz = None if sn is None else np.asarray(sn, dtype=np.int64)
-        except (KeyError, TypeError, ValueError) as e:
+            self._shard_nnz = None if sn is None else attr_ints(sn, "shard_nnz")
+        except (DatasetError, KeyError, TypeError, ValueError) as e:
             raise DatasetError(f"{path!r}: malformed attributes ({e})") from None
         extent = self.shape[self.AXIS]
-        if (n < 1 or p < 1 or self.n_shards < 1 or bounds.shape != (self.n_shards + 1,)
+        if (n * p >= 2**62 or self.nnz > n * p or bounds.shape != (self.n_shards + 1,)
                 or bounds[0] != 0 or bounds[-1] != extent or np.any(np.diff(bounds) < 1)):
             raise DatasetError(f"{path!r}: inconsistent attributes: shape={self.shape}, "
-                               f"n_shards={self.n_shards}, {self.BOUNDS}={bounds.tolist()}")
+                               f"nnz={self.nnz}, n_shards={self.n_shards}, "
+                               f"{self.BOUNDS}={bounds.tolist()}")
         if self._shard_nnz is not None and (self._shard_nnz.shape != (self.n_shards,)
                                             or int(self._shard_nnz.sum()) != self.nnz):
             raise DatasetError(f"{path!r}: attribute 'shard_nnz' does not match "
@@ -589,20 +632,27 @@ class _StoredDataset:
               sel: slice = slice(None)):
         """Read ``g[name][sel]`` after checking that the array exists and has the expected
         dtype, 1-D shape and (when given) length; every failure is a `DatasetError`."""
+        short = name.rsplit("/", 1)[-1]
         try:
             z = g[name]
         except KeyError:
-            raise DatasetError(f"{what}: array {name.rsplit('/', 1)[-1]!r} is missing "
+            raise DatasetError(f"{what}: array {short!r} is missing "
                                f"({self.path}/{name})") from None
-        short = name.rsplit("/", 1)[-1]
+        except Exception as e:   # zarr rejects its metadata: TypeError, ValueError, ...
+            raise DatasetError(f"{what}: array {short!r} has corrupt metadata "
+                               f"({type(e).__name__}: {e})") from None
+        if not isinstance(z, zarr.Array):
+            raise DatasetError(f"{what}: {short!r} is a group, expected an array")
         if z.ndim != 1:
             raise DatasetError(f"{what}: {short!r} must be 1-D, has shape {z.shape}")
         if z.dtype != np.dtype(dtype):
             raise DatasetError(f"{what}: {short!r} has dtype {z.dtype}, expected {dtype}")
         if length is not None and z.shape[0] != length:
             raise DatasetError(f"{what}: {short!r} has length {z.shape[0]}, expected {length}")
+        n_sel = len(range(*sel.indices(z.shape[0])))
+        check_allocation(n_sel * z.dtype.itemsize, f"{what}: {short!r}")
         try:
-            return np.asarray(z[sel]) if z.shape[0] else np.zeros(0, dtype=dtype)
+            return np.asarray(z[sel]) if n_sel else np.zeros(0, dtype=dtype)
         except Exception as e:
             raise DatasetError(f"{what}: cannot read {short!r} ({type(e).__name__}: {e})") \
                 from None
@@ -633,19 +683,18 @@ class _StoredDataset:
         if indptr[0] != 0:
             raise DatasetError(f"{what}: 'indptr' starts at {indptr[0]}, expected 0")
         nnz = int(indptr[-1])
-        indices = self._read(g, f"{base}/indices", what, "int32")
-        if len(indices) != nnz:
-            raise DatasetError(f"{what}: 'indices' has length {len(indices)} but "
-                               f"indptr[-1] = {nnz}")
-        data = self._read(g, f"{base}/data", what, "float64")
-        if len(data) != nnz:
-            raise DatasetError(f"{what}: 'data' has length {len(data)} but indptr[-1] = {nnz}")
-        check_compressed(indptr, indices, data, m, what, major,
-                         f" (unsorted or duplicate {minor} indices)",
-                         "'indptr' is not non-decreasing")
+        # checked before 'indices' and 'data' are read: their declared lengths must agree
         if self._shard_nnz is not None and nnz != self._shard_nnz[k]:
             raise DatasetError(f"{what}: 'indptr' gives {nnz} nonzeros, attribute "
                                f"'shard_nnz' says {int(self._shard_nnz[k])}")
+        if not 0 <= nnz <= min(self.nnz, (b1 - b0) * m):
+            raise DatasetError(f"{what}: 'indptr' ends at {nnz}, outside [0, "
+                               f"{min(self.nnz, (b1 - b0) * m)}]")
+        indices = self._read(g, f"{base}/indices", what, "int32", nnz)
+        data = self._read(g, f"{base}/data", what, "float64", nnz)
+        check_compressed(indptr, indices, data, m, what, major,
+                         f" (unsorted or duplicate {minor} indices)",
+                         "'indptr' is not non-decreasing")
         return indptr, indices, data, b1 - b0
 
     # -- public

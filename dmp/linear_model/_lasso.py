@@ -113,7 +113,8 @@ class Lasso(RegressorMixin, BaseEstimator):
     objective_ : float
     history_ : dict of ndarray
         Per round: objective, dual_gap, time, round_s, push_s (per worker), bytes per
-        primitive, candidates and kept variables, the pull step.
+        primitive, candidates and kept variables, the pull step,
+        ``worker_losses`` (losses recovered from before the round ran).
     recoveries_ : list of dict
         Worker losses survived during the fit.
     """

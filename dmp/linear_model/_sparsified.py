@@ -369,7 +369,7 @@ class SparsifiedSGDRegressor(RegressorMixin, _SparsifiedBase):
         ``objective`` (at the point the workers used in that round; round 0 reports the
         starting point), ``blocks_uploaded`` (all workers), ``upload_bytes`` (rounds x
         workers), ``bytes_push`` / ``bytes_pull`` (push and broadcast), ``time``,
-        ``push_s``.
+        ``push_s``, ``worker_losses`` (losses recovered from before the round ran).
     """
 
     def __init__(self, *, loss="squared_error", penalty="l2", alpha=1e-4, l1_ratio=0.15,

@@ -141,6 +141,7 @@ class DaskBackend:
         self._flusher_started = False
         self._closed = False
         self._futures = []
+        self._targets: list = []   # addresses of the partitions' workers
 
     @property
     def n_partitions(self) -> int:
@@ -149,9 +150,9 @@ class DaskBackend:
     def _worker_names(self) -> list:
         return sorted(cluster_workers(self.client).values(), key=str)
 
-    def _create(self, program, specs, names) -> None:
+    def _create(self, program, specs, names, exclude=frozenset()) -> None:
         self.placement = [names[k % len(names)] for k in range(len(specs))]
-        workers = _identity_workers(self.client)
+        workers = {a: w for a, w in _identity_workers(self.client).items() if a not in exclude}
         address = {w.get("name", a): a for a, w in workers.items()}
         limits = {w.get("name", a): int(w.get("memory_limit") or 0) for a, w in workers.items()}
         check_partition_memory(program, specs, self.placement, limits)
@@ -162,6 +163,7 @@ class DaskBackend:
         # either way a worker that dies now leaves its task waiting forever for an address
         # that never returns; the loop below notices and reports a worker loss instead
         targets = [address[n] for n in self.placement]
+        self._targets = targets
         futs = [self.client.submit(ActorPartitionWorker, program, spec, k, actor=True,
                                    workers=[targets[k]], allow_other_workers=False,
                                    pure=False)
@@ -212,18 +214,46 @@ class DaskBackend:
                 pass
         self.actors, self._futures = [], []
 
+    def _unreachable(self, addresses, timeout: float = 2.0) -> set:
+        """Those of ``addresses`` where no worker answers now (the scheduler may still list
+        a worker that just died for a moment)."""
+        import asyncio
+
+        async def probe(addr):
+            try:
+                await asyncio.wait_for(self.client.rpc(addr).identity(), timeout)
+            except Exception:
+                return addr
+            return None
+
+        async def probe_all():
+            return await asyncio.gather(*(probe(a) for a in addresses))
+
+        try:
+            return {a for a in self.client.sync(probe_all) if a is not None}
+        except Exception:
+            return set()
+
     def restart(self, program, specs) -> None:
-        """Re-create every partition after a worker loss (waits for a replacement first)."""
+        """Re-create every partition after a worker loss: wait (up to `replacement_timeout`)
+        until a live worker carries each name the partitions were on, else re-deal them
+        over the live workers."""
         self._release_actors()
+        dead = self._unreachable(sorted(set(self._targets)))
         deadline = time.monotonic() + self.replacement_timeout
         want = set(map(str, self.placement)) or set(map(str, self._initial_names))
-        names = self._worker_names()
+
+        def live_names():
+            return sorted((n for a, n in cluster_workers(self.client).items()
+                           if a not in dead), key=str)
+
+        names = live_names()
         while time.monotonic() < deadline and not want <= set(map(str, names)):
             time.sleep(0.25)
-            names = self._worker_names()
+            names = live_names()
         if not names:
             raise RuntimeError("no Dask workers left to recover the fit on")
-        self._create(program, specs, names)
+        self._create(program, specs, names, exclude=dead)
 
     def expect_round(self, round: int) -> None:
         self._results(self._issue([(a, "expect_round", (round,)) for a in self.actors]))
