@@ -27,8 +27,8 @@ def test_one_minute_soak(tmp_path):
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
                       dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
             Client(cluster) as client:
-        stats = soak.run_soak(client, 25, seed=1, kill_prob=1.0, workdir=tmp_path,
-                              log=lines.append)
+        stats = soak.run_soak(client, 20, seed=1, kill_prob=1.0, workdir=tmp_path,
+                              log=lines.append, min_fits=3)
     report = "\n".join(lines)
     assert stats["failures"] == [], report
     assert stats["divergences"] == [], report

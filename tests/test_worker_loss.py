@@ -159,3 +159,48 @@ def test_loss_while_partitions_load_recovers(cluster3):
     assert len(est.recoveries_) == 1 and est.recoveries_[0]["round"] == 0, est.recoveries_
     assert time.monotonic() - t0 < 60
     np.testing.assert_allclose(result(est), result(reference), rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["mf-ccd++", "sparsified-isega"])
+@pytest.mark.timeout(180)
+def test_lost_worker_never_replaced_partitions_redealt(tmp_path, name):
+    """A worker SIGKILLed whose nanny does not restart it never comes back: after
+    ``replacement_timeout`` its partition is re-dealt to the two survivors and the fit ends
+    with the undisturbed result.  (The Lasso's version: test_dask_backend.py.)"""
+    from distributed import Client, LocalCluster
+    from distributed.core import Status
+
+    from dmp.engine.backends.dask import DaskBackend, cluster_workers
+
+    make, args, result, every = CASES[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = make(backend="local", n_workers=3).fit(*args)
+    at_round = len(reference.history_["round"]) // 3
+    fired = []
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
+                      dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
+            Client(cluster) as client:
+        backend = DaskBackend(client, n_workers=3, replacement_timeout=2.0)
+
+        def kill_for_good(round, metrics):
+            if round == at_round and not fired:
+                fired.append(round)
+                names = cluster_workers(client)
+                victim = next(a for a, n in names.items() if str(n) == "2")
+                pid = client.run(os.getpid, workers=[victim])[victim]
+                # LocalCluster's nannies live in this process: mark worker 2's as closing
+                # (it then closes instead of restarting the worker), then kill the worker
+                cluster.workers[2].status = Status.closing_gracefully
+                os.kill(pid, signal.SIGKILL)
+            return False
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est = make(backend=backend, checkpoint=str(tmp_path / "ck.zarr"),
+                       checkpoint_every=every, callback=kill_for_good).fit(*args)
+        assert sorted(map(str, cluster_workers(client).values())) == ["0", "1"]
+        assert sorted(set(map(str, backend.placement))) == ["0", "1"]
+    assert fired == [at_round] and len(est.recoveries_) == 1, est.recoveries_
+    np.testing.assert_allclose(result(est), result(reference), rtol=1e-7, atol=1e-9)
+    assert abs(est.objective_ - reference.objective_) <= 1e-9 * abs(reference.objective_)
