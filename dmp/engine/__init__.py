@@ -2,8 +2,8 @@
 
 from .backends import LocalBackend, WorkerLostError, resolve_backend
 from .checkpoint import CheckpointStore
-from .program import Broadcast, Program
+from .program import Broadcast, Program, Sends
 from .runner import RunResult, run
 
-__all__ = ["Program", "Broadcast", "run", "RunResult", "LocalBackend", "WorkerLostError",
+__all__ = ["Program", "Broadcast", "Sends", "run", "RunResult", "LocalBackend", "WorkerLostError",
            "resolve_backend", "CheckpointStore"]

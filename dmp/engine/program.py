@@ -26,6 +26,20 @@ class Broadcast:
     value: Any
 
 
+@dataclass(frozen=True)
+class Sends:
+    """What a push returns when it also hands data to other partitions (a ring transfer).
+
+    ``partial`` goes to the driver's pull as usual.  Each ``messages[dest]`` goes straight to
+    partition ``dest`` -- actor to actor on Dask, never through the driver -- and is handed
+    to :meth:`Program.receive` there before this round's barrier completes, so the next
+    round's push on ``dest`` sees it.  The bytes are counted as ``bytes_ring``.
+    """
+
+    partial: Any
+    messages: dict
+
+
 def update_for(updates, k: int):
     """The part of a pull result meant for partition ``k`` (None: nothing to apply)."""
     if updates is None:
@@ -117,6 +131,18 @@ class Program:
 
     def apply(self, state, update) -> None:
         """Apply a pull result to the partition state."""
+
+    #: True when pushes return `Sends`: the backend then connects the partitions to each
+    #: other before the first round
+    uses_ring = False
+
+    def receive(self, state, round: int, src: int, payload) -> None:
+        """Take a message sent by partition ``src``'s push of ``round`` (see `Sends`).  It
+        can arrive before or while this partition runs its own push of the same round (in
+        process, partitions push one after the other; on Dask, concurrently): store it aside,
+        keyed by ``round``, and do not touch what the push is using."""
+        raise NotImplementedError(f"{type(self).__name__} sends ring messages but does not "
+                                  f"receive them")
 
     def partition_arrays(self, state) -> dict:
         """The partition's model variables (checkpointed and gathered at the end)."""

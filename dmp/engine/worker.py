@@ -7,6 +7,8 @@ import os
 import time
 
 from .checkpoint import read_arrays, write_arrays
+from .comm import payload_nbytes
+from .program import Sends
 
 
 class PartitionWorker:
@@ -18,6 +20,31 @@ class PartitionWorker:
         t0 = time.perf_counter()
         self.state = program.init_partition(spec)
         self.init_s = time.perf_counter() - t0
+        self.peers: list | None = None
+
+    def set_peers(self, peers: list) -> None:
+        """The other partitions (objects in-process, actor handles on Dask), by index."""
+        self.peers = list(peers)
+
+    def deliver(self, round: int, src: int, payload) -> None:
+        """A ring message from partition ``src``'s push of ``round``."""
+        self.program.receive(self.state, round, src, payload)
+
+    def _send(self, dest: int, round: int, payload) -> None:
+        self.peers[dest].deliver(round, self.index, payload)
+
+    def _send_all(self, round: int, messages: dict) -> int:
+        if messages and self.peers is None:
+            raise RuntimeError("a push sent ring messages but the partitions are not "
+                               "connected (set Program.uses_ring = True)")
+        nbytes = 0
+        for dest, payload in messages.items():
+            if dest == self.index:
+                self.deliver(round, self.index, payload)
+            else:
+                self._send(int(dest), round, payload)
+                nbytes += payload_nbytes(payload)
+        return nbytes
 
     def info(self) -> dict:
         return {"index": self.index, "pid": os.getpid(), "init_s": self.init_s}
@@ -28,7 +55,12 @@ class PartitionWorker:
             self.program.apply(self.state, update)
         t0 = time.perf_counter()
         partial = self.program.push(self.state, plan)
-        return {"partial": partial, "push_s": time.perf_counter() - t0, "round": round}
+        push_s = time.perf_counter() - t0
+        ring = 0
+        if isinstance(partial, Sends):
+            ring = self._send_all(round, partial.messages)
+            partial = partial.partial
+        return {"partial": partial, "push_s": push_s, "round": round, "bytes_ring": ring}
 
     def apply(self, update) -> None:
         if update is not None:
@@ -63,6 +95,15 @@ class ActorPartitionWorker(PartitionWorker):
 
     def expect_round(self, round: int) -> None:
         self._next_round = round
+
+    async def deliver(self, round: int, src: int, payload) -> None:  # type: ignore[override]
+        # on the event loop, so it lands while this worker's own push runs in its thread
+        PartitionWorker.deliver(self, round, src, payload)
+
+    def _send(self, dest: int, round: int, payload) -> None:
+        # from the push's thread: the actor call goes worker to worker, and the push (hence
+        # the round's barrier) completes only once the peer has the message
+        self.peers[dest].deliver(round, self.index, payload).result()
 
     async def step(self, round: int, update, plan) -> dict:  # type: ignore[override]
         if self._cond is None:

@@ -171,6 +171,9 @@ class DaskBackend:
         self._futures = futs  # keep the actor futures alive (released by _release_actors)
         try:
             self.actors = [self._await_partition(f, targets) for f in futs]
+            if program.uses_ring:
+                self._results(self._issue([(a, "set_peers", (self.actors,))
+                                           for a in self.actors]))
         except Exception as exc:
             for f in futs:
                 f.cancel()

@@ -33,6 +33,9 @@ class LocalBackend:
 
     def start(self, program, specs) -> None:
         self.workers = [PartitionWorker(program, spec, k) for k, spec in enumerate(specs)]
+        if program.uses_ring:
+            for w in self.workers:
+                w.set_peers(self.workers)
 
     def restart(self, program, specs) -> None:  # nothing can be lost in-process
         self.start(program, specs)
