@@ -1,5 +1,6 @@
 """Matrix and tensor decompositions trained with model parallelism."""
 
+from ._lda import LatentDirichletAllocation
 from ._mf import MatrixFactorization
 
-__all__ = ["MatrixFactorization"]
+__all__ = ["LatentDirichletAllocation", "MatrixFactorization"]

@@ -1,0 +1,350 @@
+"""``dmp.decomposition.LatentDirichletAllocation``: STRADS word-rotation collapsed Gibbs LDA."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import shutil
+import tempfile
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.validation import check_is_fitted
+
+from ..engine import resolve_backend, run
+from ..engine.runner import history_arrays
+from ..linear_model._lasso import seed_from
+from . import _lda_kernels as K
+from ._lda_program import LDAProgram
+
+
+def _is_row_dataset(X) -> bool:
+    return hasattr(X, "load_row_shards") and hasattr(X, "row_partition")
+
+
+def check_counts(X, what: str = "X", n_features: int | None = None) -> sp.csr_matrix:
+    """A documents x words matrix of token counts as CSR float64, validated: 2-D, finite,
+    non-negative integers, at least one token, the expected number of words."""
+    if hasattr(X, "dask") and hasattr(X, "compute"):
+        X = X.compute()
+    if sp.issparse(X):
+        X = sp.csr_matrix(X, dtype=np.float64)
+    else:
+        try:
+            arr = np.asarray(X, dtype=np.float64)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{what} must be a documents x words count matrix: {e}") from None
+        if arr.ndim != 2:
+            raise ValueError(f"{what} must be 2-D (documents x words), got shape {arr.shape}")
+        X = sp.csr_matrix(arr)
+    X.sum_duplicates()
+    if X.shape[0] < 1 or X.shape[1] < 1:
+        raise ValueError(f"{what} is empty (shape {X.shape})")
+    d = X.data
+    if not np.all(np.isfinite(d)):
+        raise ValueError(f"{what} contains NaN or infinite counts")
+    if np.any(d < 0):
+        raise ValueError(f"{what} contains negative counts (min {d.min():g})")
+    if np.any(d != np.round(d)):
+        bad = d[d != np.round(d)][0]
+        raise ValueError(f"{what} contains non-integer counts (e.g. {bad:g}); LDA needs "
+                         f"token counts")
+    if n_features is not None and X.shape[1] != n_features:
+        raise ValueError(f"{what} has {X.shape[1]} words (columns), but the model was fitted "
+                         f"on a vocabulary of {n_features}")
+    X.eliminate_zeros()
+    return X
+
+
+class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixin,
+                                BaseEstimator):
+    """Latent Dirichlet allocation by collapsed Gibbs sampling with STRADS word rotation.
+
+    Documents are sharded over the workers, which keep their tokens, topic assignments and
+    doc-topic counts.  The word-topic table is split into one word block per worker; in
+    each sub-round every worker samples its tokens of the block it holds exclusively, then
+    hands the block to the next worker (directly, worker to worker); after one rotation
+    every token was sampled once (one *sweep*).  No worker ever holds the whole table
+    during training: with P workers each holds about ``n_words x n_components / P`` counts
+    (two blocks while one arrives).  Only the topic totals (``n_components`` numbers) pass
+    through the driver, once per sub-round.
+
+    Parameters
+    ----------
+    n_components : int, default 10
+        Number of topics K.
+    doc_topic_prior : float, optional
+        alpha (defaults to ``1 / n_components``, as scikit-learn).
+    topic_word_prior : float, optional
+        beta (defaults to ``1 / n_components``, as scikit-learn).
+    max_iter : int, default 100
+        Gibbs sweeps (each samples every token once).
+    schedule : {"rotation"}
+        The STRADS word-rotation schedule (the only one).
+    sampler : {"sparse", "dense"}, default "sparse"
+        ``"sparse"``: STRADS "sample by word", cost per token growing with the topics present
+        in the document; ``"dense"``: O(K) per token (the reference).  Both draw from the
+        same conditional distribution.
+    transform_max_iter : int, default 50
+        Gibbs fold-in sweeps of `transform` (the second half is averaged).
+    backend : {"auto", "local", "dask"}, Client or backend, default "auto"
+        The active ``distributed.Client`` if there is one, else in-process.
+    n_workers : int, optional
+        Number of partitions (default: the cluster's workers, or 1 locally).
+    random_state : int, RandomState or None
+    checkpoint : str, optional
+        Zarr checkpoint location (local path or fsspec URL).
+    checkpoint_every : int, default 10
+        Sweeps between checkpoints.
+    resume : bool, default False
+        Continue from the latest complete checkpoint at ``checkpoint``.
+    show_progress : bool, default False
+    callback : callable, optional
+        ``callback(round, metrics) -> bool`` after every sub-round; True stops the fit.
+
+    Attributes
+    ----------
+    components_ : ndarray of shape (n_components, n_features)
+        Topic-word pseudo-counts ``n_kw + beta`` (as scikit-learn's: normalise each row for
+        the topic-word distributions).
+    topic_word_counts_ : ndarray of int64, shape (n_components, n_features)
+    doc_topic_prior_, topic_word_prior_ : float
+    log_likelihood_ : float
+        ``log p(w, z)`` of the final state (Griffiths and Steyvers).
+    n_iter_ : int
+        Sweeps run.
+    history_ : dict of arrays
+        Per sub-round: ``round``, ``sweep``, ``phase`` ("count" for the first rotation, which
+        builds the table; "sample"), ``log_likelihood`` and ``ll_per_token`` (updated at
+        the end of each sweep), ``tokens_per_s``, ``time``, ``push_s`` (per worker),
+        ``bytes_ring`` (word blocks handed on), ``bytes_push``/``bytes_pull`` (topic
+        totals), ``worker_losses``.
+    recoveries_ : list of dict
+    n_features_in_ : int
+    """
+
+    _parameter_constraints: dict = {
+        "n_components": [Interval(numbers.Integral, 1, None, closed="left")],
+        "doc_topic_prior": [Interval(numbers.Real, 0, None, closed="neither"), None],
+        "topic_word_prior": [Interval(numbers.Real, 0, None, closed="neither"), None],
+        "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
+        "schedule": [StrOptions({"rotation"})],
+        "sampler": [StrOptions({"sparse", "dense"})],
+        "transform_max_iter": [Interval(numbers.Integral, 2, None, closed="left")],
+        "backend": [StrOptions({"auto", "local", "dask"}), object],
+        "n_workers": [Interval(numbers.Integral, 1, None, closed="left"), None],
+        "random_state": ["random_state"],
+        "checkpoint": [str, object, None],
+        "checkpoint_every": [Interval(numbers.Integral, 1, None, closed="left")],
+        "resume": ["boolean"],
+        "show_progress": ["boolean"],
+        "callback": [callable, None],
+    }
+
+    def __init__(self, n_components=10, *, doc_topic_prior=None, topic_word_prior=None,
+                 max_iter=100, schedule="rotation", sampler="sparse", transform_max_iter=50,
+                 backend="auto", n_workers=None, random_state=None, checkpoint=None,
+                 checkpoint_every=10, resume=False, show_progress=False, callback=None):
+        self.n_components = n_components
+        self.doc_topic_prior = doc_topic_prior
+        self.topic_word_prior = topic_word_prior
+        self.max_iter = max_iter
+        self.schedule = schedule
+        self.sampler = sampler
+        self.transform_max_iter = transform_max_iter
+        self.backend = backend
+        self.n_workers = n_workers
+        self.random_state = random_state
+        self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every
+        self.resume = resume
+        self.show_progress = show_progress
+        self.callback = callback
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        tags.requires_fit = True
+        tags.transformer_tags.preserves_dtype = ["float64"]
+        return tags
+
+    @property
+    def _n_features_out(self):
+        return self.components_.shape[0]
+
+    # ------------------------------------------------------------------ data
+    def _prepare_data(self, X, backend):
+        """Return (row dataset of counts, temporary directory or None)."""
+        from ..io import InMemorySparseRowDataset, write_sparse_rows
+
+        if _is_row_dataset(X):
+            if X.n_samples < 1 or X.n_features < 1 or X.nnz < 1:
+                raise ValueError(f"corpus {getattr(X, 'path', '')!r} is empty "
+                                 f"(shape {X.shape}, {X.nnz} nonzeros)")
+            return X, None
+        X = check_counts(X)
+        if X.nnz == 0:
+            raise ValueError("X holds no tokens (every count is zero)")
+        empty = np.flatnonzero(np.diff(X.indptr) == 0)
+        if len(empty):
+            raise ValueError(f"X has {len(empty)} empty document(s) (no tokens), e.g. rows "
+                             f"{empty[:5].tolist()}; remove them before fitting")
+        P = backend.n_partitions
+        if X.shape[0] < P:
+            raise ValueError(f"{X.shape[0]} documents cannot be split over {P} workers")
+        y = np.zeros(X.shape[0])
+        if backend.kind == "local":
+            return InMemorySparseRowDataset(X, y, n_shards=P), None
+        tmp = tempfile.mkdtemp(prefix="dmp-lda-")
+        try:
+            ds = write_sparse_rows(f"{tmp}/corpus.zarr", X, y, n_shards=P)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return ds, tmp
+
+    def _priors(self):
+        k = int(self.n_components)
+        a = 1.0 / k if self.doc_topic_prior is None else float(self.doc_topic_prior)
+        b = 1.0 / k if self.topic_word_prior is None else float(self.topic_word_prior)
+        return a, b
+
+    # ------------------------------------------------------------------ fitting
+    def fit(self, X, y=None):
+        """Sample topic assignments for the corpus X.
+
+        Parameters
+        ----------
+        X : scipy.sparse matrix, ndarray or dask array of shape (n_documents, n_words), or
+            a dmp row store (`dmp.io.open_dataset`; e.g. from ``dmp data convert``)
+            Token counts: non-negative integers; every document needs at least one token.
+        y : None
+            Ignored.
+
+        Returns
+        -------
+        self
+        """
+        self._validate_params()
+        if self.checkpoint is None and self.resume:
+            raise ValueError("resume=True needs a checkpoint location")
+        backend = resolve_backend(self.backend, self.n_workers)
+        try:
+            ds, tmpdir = self._prepare_data(X, backend)
+        except BaseException:
+            backend.close()
+            raise
+        alpha, beta = self._priors()
+        try:
+            P = backend.n_partitions
+            if P > ds.n_shards:
+                raise ValueError(f"the corpus has {ds.n_shards} shard(s) but {P} workers "
+                                 f"were requested; rewrite it with n_shards >= {P}")
+            program = LDAProgram(ds, n_topics=self.n_components, alpha=alpha, beta=beta,
+                                 n_sweeps=self.max_iter, sampler=self.sampler,
+                                 seed=seed_from(self.random_state))
+            fingerprint = {"estimator": type(self).__name__, "n_components": self.n_components,
+                           "alpha": alpha, "beta": beta, "sampler": self.sampler,
+                           "shape": [int(s) for s in ds.shape], "n_partitions": P,
+                           "dataset": str(getattr(ds, "path", None))}
+            result = run(program, backend, max_iter=P * (self.max_iter + 1),
+                         checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every * P,
+                         resume=self.resume, fingerprint=fingerprint, callback=self.callback,
+                         show_progress=self.show_progress, desc=type(self).__name__,
+                         params=self.get_params(deep=False))
+        finally:
+            backend.close()
+            if tmpdir is not None:
+                shutil.rmtree(tmpdir, ignore_errors=True)
+        dr = program.driver
+        n_wk = dr["n_wk"]
+        self.topic_word_counts_ = np.ascontiguousarray(n_wk.T)
+        self.components_ = self.topic_word_counts_ + beta
+        self.doc_topic_prior_, self.topic_word_prior_ = alpha, beta
+        self.log_likelihood_ = float(dr["ll"])
+        self.n_iter_ = int(dr["sweep"])
+        self.n_features_in_ = int(ds.shape[1])
+        self.n_tokens_ = int(dr["n_tokens"])
+        self.history_ = history_arrays(result.history)
+        self.recoveries_ = result.recoveries
+        self.wall_time_ = result.wall_s
+        return self
+
+    # ------------------------------------------------------------------ inference
+    def _topic_word(self) -> np.ndarray:
+        """phi as words x topics: ``(n_kw + beta) / (n_k + V beta)``."""
+        comp = self.components_
+        return np.ascontiguousarray((comp / comp.sum(axis=1, keepdims=True)).T)
+
+    def _fold_in(self, X) -> tuple[np.ndarray, np.ndarray]:
+        """(doc-topic distributions, document lengths) by Gibbs fold-in, topics fixed."""
+        check_is_fitted(self, "components_")
+        X = check_counts(X, "X", self.n_features_in_)
+        Kt = self.components_.shape[0]
+        counts = X.data.astype(np.int64)
+        tok_word = np.repeat(X.indices.astype(np.int64), counts)
+        rows = np.repeat(np.arange(X.shape[0]), np.diff(X.indptr))
+        doc_len = np.bincount(rows, weights=counts, minlength=X.shape[0]).astype(np.int64)
+        doc_ptr = np.zeros(X.shape[0] + 1, dtype=np.int64)
+        np.cumsum(doc_len, out=doc_ptr[1:])
+        rng = np.random.default_rng(seed_from(self.random_state))
+        n_iter = int(self.transform_max_iter)
+        z = rng.integers(0, Kt, len(tok_word)).astype(np.int64)
+        u = rng.random(n_iter * len(tok_word))
+        theta = np.zeros((X.shape[0], Kt))
+        K.fold_in(doc_ptr, tok_word, self._topic_word(), self.doc_topic_prior_, n_iter, u, z,
+                  theta)
+        kept = n_iter - n_iter // 2
+        theta = theta / kept + self.doc_topic_prior_
+        theta /= theta.sum(axis=1, keepdims=True)
+        return theta, doc_len
+
+    def transform(self, X):
+        """Doc-topic distributions of new documents (Gibbs fold-in with the topics fixed).
+
+        Parameters
+        ----------
+        X : sparse matrix, ndarray or dask array of shape (n_documents, n_features)
+            Token counts; empty documents get the prior (uniform).
+
+        Returns
+        -------
+        ndarray of shape (n_documents, n_components)
+            Rows sum to 1: ``(n_dk + alpha) / (N_d + K alpha)``, ``n_dk`` averaged over the
+            second half of ``transform_max_iter`` fold-in sweeps.
+        """
+        return self._fold_in(X)[0]
+
+    def score(self, X, y=None):
+        """Log-likelihood of X given the topics and its fold-in doc-topic distributions:
+        ``sum_d sum_w x_dw log(sum_k theta_dk phi_kw)`` (higher is better)."""
+        theta, _ = self._fold_in(X)
+        X = check_counts(X, "X", self.n_features_in_).tocoo()
+        phi = self._topic_word()
+        p = np.einsum("ij,ij->i", theta[X.row], phi[X.col])
+        return float(np.sum(X.data * np.log(p)))
+
+    def perplexity(self, X):
+        """``exp(-score(X) / number of tokens)`` (lower is better)."""
+        n = float(check_counts(X, "X", self.n_features_in_).sum())
+        if n == 0:
+            raise ValueError("X holds no tokens")
+        return float(math.exp(-self.score(X) / n))
+
+    def top_words(self, n: int = 10, vocabulary=None) -> list[list]:
+        """The ``n`` most probable words of each topic (indices, or entries of
+        ``vocabulary``)."""
+        check_is_fitted(self, "components_")
+        order = np.argsort(-self.components_, axis=1, kind="stable")[:, :n]
+        if vocabulary is None:
+            return order.tolist()
+        vocab = np.asarray(vocabulary)
+        return [vocab[row].tolist() for row in order]
+
+    def plot(self, ax=None):
+        """Log-likelihood per token against time and sweep (matplotlib)."""
+        from ..plotting import plot_training
+
+        return plot_training(self.history_, ax=ax)

@@ -1,0 +1,332 @@
+"""STRADS LDA: collapsed Gibbs sampling with word rotation, as a `dmp.engine.Program`.
+
+Documents are sharded over the P partitions; each owns its documents' tokens, topic
+assignments ``z`` and doc-topic counts ``n_dk``.  The vocabulary is dealt into P word blocks
+(a seeded shuffle dealt round-robin, as in the released STRADS code); the word-topic table
+``n_wk`` exists only as these P blocks.  In round ``r`` partition ``p`` holds block
+``(p + r) mod P`` exclusively, works on its own tokens of those words, and hands the block to
+partition ``p - 1`` (`Sends`: actor to actor) -- after P rounds every block has visited every
+partition once.
+
+* Rounds ``0 .. P-1`` (one rotation) build the table: each partition adds its tokens' counts
+  to the block it holds.  Round 0's pull also sums the topic totals ``n_k``.
+* Every later round is a sub-round of a Gibbs sweep: the partition samples its tokens of the
+  held block against its local copy of ``n_k``, and returns its change of ``n_k``; the pull
+  sums the changes and broadcasts the new ``n_k`` (the only shared, slightly stale quantity).
+  The last sub-round of a sweep also returns the log-likelihood parts, so the pull records
+  ``log p(w, z)`` once per sweep.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..engine.program import Broadcast, Program, Sends
+from . import _lda_kernels as K
+
+
+def word_blocks(n_words: int, n_blocks: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(block, row)`` of every word: a seeded shuffle dealt round-robin into ``n_blocks``
+    blocks; ``row`` is the word's position in its block (blocks keep word-id order)."""
+    perm = np.random.default_rng([seed, 7]).permutation(n_words)
+    block = (perm % n_blocks).astype(np.int32)
+    row = np.empty(n_words, dtype=np.int32)
+    for b in range(n_blocks):
+        words = np.flatnonzero(block == b)
+        row[words] = np.arange(len(words), dtype=np.int32)
+    return block, row
+
+
+def block_sizes(block: np.ndarray, n_blocks: int) -> np.ndarray:
+    return np.bincount(block, minlength=n_blocks).astype(np.int64)
+
+
+def round_uniforms(seed: int, round: int, part: int, n: int) -> np.ndarray:
+    """The uniforms partition ``part`` uses in ``round`` (one per token sampled)."""
+    return np.random.default_rng([seed, 1, round, part]).random(n)
+
+
+def expand_tokens(indptr, indices, data, block, row, n_blocks):
+    """Tokens of a document shard (CSR counts), sorted by (word block, word row, document).
+
+    Returns ``tok_doc, tok_row, tok_word, block_ptr`` (``block_ptr[b]:block_ptr[b+1]`` are the
+    tokens of block ``b``) and the document lengths.
+    """
+    counts = data.astype(np.int64)
+    n_docs = len(indptr) - 1
+    doc_of_entry = np.repeat(np.arange(n_docs, dtype=np.int32), np.diff(indptr))
+    tok_word = np.repeat(indices.astype(np.int32), counts)
+    tok_doc = np.repeat(doc_of_entry, counts)
+    order = np.lexsort((tok_doc, row[tok_word], block[tok_word]))
+    tok_word, tok_doc = tok_word[order], tok_doc[order]
+    tok_row = row[tok_word]
+    block_ptr = np.zeros(n_blocks + 1, dtype=np.int64)
+    np.cumsum(np.bincount(block[tok_word], minlength=n_blocks), out=block_ptr[1:])
+    doc_len = np.bincount(doc_of_entry, weights=counts, minlength=n_docs).astype(np.int64)
+    return tok_doc, tok_row, tok_word, block_ptr, doc_len
+
+
+class LDAProgram(Program):
+    """Driver and worker logic of word-rotation LDA (see the module docstring).
+
+    Parameters
+    ----------
+    dataset : row dataset of documents x words counts (``dmp.io.SparseRowDataset`` or the
+        in-memory equivalent)
+    n_topics, alpha, beta : int, float, float
+    n_sweeps : int
+        Gibbs sweeps after the counting rotation.
+    sampler : {"sparse", "dense"}
+    seed : int
+    """
+
+    name = "lda"
+    primary_metric = "ll_per_token"
+    uses_ring = True
+
+    def __init__(self, dataset, *, n_topics, alpha, beta, n_sweeps, sampler, seed):
+        super().__init__()
+        if sampler not in ("sparse", "dense"):
+            raise ValueError(f"sampler must be 'sparse' or 'dense', got {sampler!r}")
+        self.dataset = dataset
+        self.n_topics = int(n_topics)
+        self.alpha = float(alpha)
+        self.beta = float(beta)
+        self.n_sweeps = int(n_sweeps)
+        self.sampler = sampler
+        self.seed = int(seed)
+        self.n_words = int(dataset.shape[1])
+
+    # ================================================================== worker side
+    def init_partition(self, spec):
+        X, _ = self.dataset.load_row_shards(spec["shards"])
+        X = X.tocsr()
+        P, p = spec["n_parts"], spec["index"]
+        block, row = word_blocks(self.n_words, P, self.seed)
+        tok_doc, tok_row, tok_word, block_ptr, doc_len = expand_tokens(
+            X.indptr, X.indices, X.data, block, row, P)
+        Kt = self.n_topics
+        z = np.random.default_rng([self.seed, 2, p]).integers(0, Kt, len(tok_doc)).astype(
+            np.int32)
+        n_dk = np.zeros((len(doc_len), Kt), dtype=np.int32)
+        np.add.at(n_dk, (tok_doc, z), 1)
+        cap = np.minimum(doc_len, Kt)
+        dnz_ptr = np.zeros(len(doc_len) + 1, dtype=np.int64)
+        np.cumsum(cap, out=dnz_ptr[1:])
+        dnz_topics = np.zeros(max(int(dnz_ptr[-1]), 1), dtype=np.int32)
+        dnz_cnt = np.zeros(len(doc_len), dtype=np.int32)
+        K.build_doc_topics(n_dk, dnz_ptr, dnz_topics, dnz_cnt)
+        sizes = block_sizes(block, P)
+        n_k = np.bincount(z, minlength=Kt).astype(np.int64)
+        return {"p": p, "P": P, "tok_doc": tok_doc, "tok_row": tok_row, "z": z,
+                "block_ptr": block_ptr, "doc_len": doc_len, "n_dk": n_dk,
+                "dnz_ptr": dnz_ptr, "dnz_topics": dnz_topics, "dnz_cnt": dnz_cnt,
+                "sizes": sizes, "local_nk": n_k,
+                # the block this partition starts with: its own, empty
+                "held": (p, np.zeros((int(sizes[p]), Kt), dtype=np.int32)),
+                "inbox": {}, "n_k": None,
+                "phi": np.empty(Kt), "buf": np.empty(Kt)}
+
+    def receive(self, s, round, src, payload):
+        # the block for round + 1; it may arrive before this partition took the block of
+        # round `round` (a faster neighbour), so the inbox is keyed by round
+        s["inbox"][round] = payload
+
+    def _take_block(self, s, round):
+        if round > 0:
+            if round - 1 not in s["inbox"]:
+                raise RuntimeError(f"partition {s['p']}: no word block arrived for round "
+                                   f"{round}")
+            s["held"] = s["inbox"].pop(round - 1)
+        b, table = s["held"]
+        want = (s["p"] + round) % s["P"]
+        if b != want:
+            raise RuntimeError(f"partition {s['p']} holds word block {b} in round {round}, "
+                               f"expected {want}")
+        return b, table
+
+    def push(self, s, plan):
+        round = plan["round"]
+        b, table = self._take_block(s, round)
+        t0, t1 = int(s["block_ptr"][b]), int(s["block_ptr"][b + 1])
+        dest = (s["p"] - 1) % s["P"]
+        if plan["kind"] == "count":
+            K.count_block(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table)
+            partial = {"n_k": s["local_nk"].copy()} if round == 0 else {}
+            return Sends(partial, {dest: (b, table)})
+        n_k = s["n_k"]
+        before = n_k.copy()
+        u = round_uniforms(self.seed, round, s["p"], t1 - t0)
+        vbeta = self.n_words * self.beta
+        if self.sampler == "sparse":
+            K.sample_sparse(t0, t1, s["tok_row"], s["tok_doc"], s["z"], s["n_dk"], table, n_k,
+                            u, self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz_topics"],
+                            s["dnz_cnt"], s["phi"], s["buf"])
+        else:
+            K.sample_dense(t0, t1, s["tok_row"], s["tok_doc"], s["z"], s["n_dk"], table, n_k,
+                           u, self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz_topics"],
+                           s["dnz_cnt"], s["buf"])
+        partial = {"dn_k": n_k - before, "tokens": t1 - t0}
+        if plan["last"]:
+            partial["ll_doc"] = K.doc_loglik(s["n_dk"], s["doc_len"], self.alpha,
+                                             s["dnz_ptr"], s["dnz_topics"], s["dnz_cnt"])
+            partial["ll_word"] = K.word_loglik(table, self.beta)
+        return Sends(partial, {dest: (b, table)})
+
+    def apply(self, s, update):
+        s["n_k"] = np.array(update, dtype=np.int64)
+
+    @staticmethod
+    def _next_block(s):
+        """Between rounds: (round it was sent in, block id, table) of the block this
+        partition works on next (-1: the one it holds, before the first round)."""
+        if s["inbox"]:
+            (r, (b, table)), = s["inbox"].items()
+            return r, b, table
+        return -1, s["held"][0], s["held"][1]
+
+    def partition_arrays(self, s):
+        r, b, table = self._next_block(s)
+        # the documents' topic lists too: their order is part of the sparse sampler's state
+        out = {"z": s["z"], "block_id": np.array([b, r]), "block": table,
+               "dnz_topics": s["dnz_topics"], "dnz_cnt": s["dnz_cnt"]}
+        if s["n_k"] is not None:
+            out["n_k"] = s["n_k"]
+        return out
+
+    def restore_partition(self, s, arrays):
+        z = np.asarray(arrays["z"], dtype=np.int32)
+        if z.shape != s["z"].shape:
+            raise ValueError(f"checkpoint 'z' has {z.shape[0]} tokens, this partition "
+                             f"has {s['z'].shape[0]}")
+        s["z"][:] = z
+        s["n_dk"][:] = 0
+        np.add.at(s["n_dk"], (s["tok_doc"], s["z"]), 1)
+        s["dnz_topics"][:] = arrays["dnz_topics"]
+        s["dnz_cnt"][:] = arrays["dnz_cnt"]
+        s["local_nk"] = np.bincount(s["z"], minlength=self.n_topics).astype(np.int64)
+        b, r = (int(v) for v in arrays["block_id"])
+        table = np.array(arrays["block"], dtype=np.int32)
+        if r < 0:
+            s["held"], s["inbox"] = (b, table), {}
+        else:
+            s["inbox"] = {r: (b, table)}
+        s["n_k"] = np.array(arrays["n_k"], dtype=np.int64) if "n_k" in arrays else None
+
+    def check_counts(self, s) -> dict:
+        """Count invariants of this partition (for tests): doc-topic rows sum to document
+        lengths, no negative counts, the nonzero-topic lists match ``n_dk``."""
+        n_dk = s["n_dk"]
+        ok_len = bool(np.array_equal(n_dk.sum(axis=1), s["doc_len"]))
+        lists = all(sorted(s["dnz_topics"][s["dnz_ptr"][d]:s["dnz_ptr"][d] + s["dnz_cnt"][d]])
+                    == list(np.flatnonzero(n_dk[d])) for d in range(n_dk.shape[0]))
+        _, b, table = self._next_block(s)
+        return {"doc_lengths": ok_len, "nonnegative": bool(n_dk.min(initial=0) >= 0
+                                                          and table.min(initial=0) >= 0),
+                "doc_topic_lists": lists, "block": int(b), "block_counts": table.sum(axis=1),
+                "local_n_k": np.bincount(s["z"], minlength=self.n_topics)}
+
+    # ================================================================== driver side
+    def partition_specs(self, n_partitions):
+        groups = self.dataset.row_partition(n_partitions)
+        return [{"shards": g, "index": k, "n_parts": n_partitions}
+                for k, g in enumerate(groups)]
+
+    def partition_nbytes(self, spec):
+        ds = self.dataset
+        bounds = getattr(ds, "row_bounds", None)
+        if bounds is None:
+            return None
+        docs = int(sum(bounds[k + 1] - bounds[k] for k in spec["shards"]))
+        n_tok = getattr(self, "_tokens_per_shard", None)
+        tokens = 0 if n_tok is None else int(sum(n_tok[k] for k in spec["shards"]))
+        P = spec["n_parts"]
+        block_rows = math.ceil(self.n_words / P)
+        # doc-topic counts, two word blocks at a time (held + arriving), tokens (doc, row, z,
+        # uniforms), word maps
+        return (docs * self.n_topics * 4 + 2 * block_rows * self.n_topics * 4
+                + tokens * 20 + self.n_words * 8)
+
+    def start(self, n_partitions):
+        self.driver = {"P": n_partitions, "n_k": None, "ll": math.nan, "sweep": 0,
+                       "tokens_s": math.nan, "t_sweep": None, "n_tokens": 0,
+                       "phase": "count"}
+
+    @property
+    def n_rounds(self) -> int:
+        P = self.driver["P"]
+        return P * (self.n_sweeps + 1)
+
+    def schedule(self, round):
+        P = self.driver["P"]
+        if round < P:
+            return [{"kind": "count", "round": round}] * P
+        last = (round - P) % P == P - 1
+        return [{"kind": "sample", "round": round, "last": last}] * P
+
+    def needs_barrier(self, round):
+        return True
+
+    def pull(self, round, partials):
+        import time
+
+        dr = self.driver
+        P = dr["P"]
+        if round < P:
+            if round == 0:
+                dr["n_k"] = np.sum([q["n_k"] for q in partials], axis=0).astype(np.int64)
+                dr["n_tokens"] = int(dr["n_k"].sum())
+                dr["t_sweep"] = time.perf_counter()
+            dr["phase"] = "count"
+            return Broadcast(dr["n_k"])
+        dr["phase"] = "sample"
+        dr["n_k"] = dr["n_k"] + np.sum([q["dn_k"] for q in partials], axis=0)
+        if partials[0].get("ll_doc") is not None:
+            Kt, V, b = self.n_topics, self.n_words, self.beta
+            ll = sum(q["ll_doc"] + q["ll_word"] for q in partials)
+            ll += Kt * math.lgamma(V * b) - sum(math.lgamma(c + V * b) for c in dr["n_k"])
+            dr["ll"] = ll
+            dr["sweep"] += 1
+            now = time.perf_counter()
+            dr["tokens_s"] = dr["n_tokens"] / max(now - dr["t_sweep"], 1e-12)
+            dr["t_sweep"] = now
+        return Broadcast(dr["n_k"])
+
+    def metrics(self):
+        dr = self.driver
+        n = max(dr["n_tokens"], 1)
+        return {"sweep": dr["sweep"], "phase": dr["phase"], "log_likelihood": dr["ll"],
+                "ll_per_token": dr["ll"] / n, "tokens_per_s": dr["tokens_s"],
+                "n_k_min": int(dr["n_k"].min()) if dr["n_k"] is not None else 0}
+
+    def progress_postfix(self):
+        return {"sweep": self.driver["sweep"], "ll/token": f"{self.metrics()['ll_per_token']:.4f}"}
+
+    def driver_state(self):
+        dr = self.driver
+        return {"n_k": dr["n_k"], "ll": dr["ll"], "sweep": dr["sweep"],
+                "n_tokens": dr["n_tokens"]}
+
+    def load_driver_state(self, state):
+        import time
+
+        dr = self.driver
+        dr["n_k"] = np.asarray(state["n_k"], dtype=np.int64)
+        dr["ll"] = float(state["ll"])
+        dr["sweep"] = int(state["sweep"])
+        dr["n_tokens"] = int(state["n_tokens"])
+        dr["t_sweep"] = time.perf_counter()
+
+    def finish(self, partition_arrays):
+        """Assemble ``n_wk`` (words x topics) from the blocks and the topic assignments."""
+        P = self.driver["P"]
+        block, row = word_blocks(self.n_words, P, self.seed)
+        n_wk = np.zeros((self.n_words, self.n_topics), dtype=np.int64)
+        for arrays in partition_arrays:
+            b = int(arrays["block_id"][0])
+            words = np.flatnonzero(block == b)
+            n_wk[words] = arrays["block"]
+        self.driver["n_wk"] = n_wk
+        self.driver["z"] = [np.asarray(a["z"]) for a in partition_arrays]

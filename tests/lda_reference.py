@@ -1,0 +1,133 @@
+"""Plain numpy / Python collapsed Gibbs sampling for LDA: the references of tests/test_lda.py.
+
+Written from the formulas (ALGORITHMS.md 1.4), not from the Numba kernels: one token at a
+time, the conditional ``(n_dk + a)(n_wk + b)/(n_k + V b)`` and its inverse CDF.  The sparse
+variant reproduces the bucket order of STRADS' "sample by word" (document bucket over the
+document's topic list, then the dense bucket) so that it consumes uniforms identically.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def conditional(n_dk_row, n_wk_row, n_k, alpha, beta, vbeta):
+    return (n_dk_row + alpha) * (n_wk_row + beta) / (n_k + vbeta)
+
+
+def dense_sweep(tok_doc, tok_word, z, n_dk, n_wk, n_k, u, alpha, beta, vbeta):
+    """One O(K) sweep in token order (``u`` one uniform per token)."""
+    Kt = n_k.shape[0]
+    for i in range(len(tok_doc)):
+        d, w, k = tok_doc[i], tok_word[i], z[i]
+        n_dk[d, k] -= 1
+        n_wk[w, k] -= 1
+        n_k[k] -= 1
+        cdf = np.cumsum(conditional(n_dk[d], n_wk[w], n_k, alpha, beta, vbeta))
+        hit = np.flatnonzero(u[i] * cdf[-1] < cdf)
+        k = int(hit[0]) if len(hit) else Kt - 1
+        z[i] = k
+        n_dk[d, k] += 1
+        n_wk[w, k] += 1
+        n_k[k] += 1
+
+
+def sparse_sweep(tok_doc, tok_word, z, n_dk, n_wk, n_k, u, alpha, beta, vbeta, doc_topics):
+    """One sweep of the two-bucket sampler; ``doc_topics[d]`` is the list of d's nonzero
+    topics, updated as the kernel does (removal swaps with the last entry, new at the end).
+    Words must come in runs (word-major order)."""
+    Kt = n_k.shape[0]
+    w_prev = -1
+    phi = np.zeros(Kt)
+    X = 0.0
+    for i in range(len(tok_doc)):
+        d, w, k = tok_doc[i], tok_word[i], z[i]
+        if w != w_prev:
+            X = 0.0
+            for j in range(Kt):
+                phi[j] = (n_wk[w, j] + beta) / (n_k[j] + vbeta)
+                X += phi[j]
+            X *= alpha
+            w_prev = w
+        n_dk[d, k] -= 1
+        n_wk[w, k] -= 1
+        n_k[k] -= 1
+        lst = doc_topics[d]
+        if n_dk[d, k] == 0:
+            j = lst.index(k)
+            lst[j] = lst[-1]
+            lst.pop()
+        old = phi[k]
+        phi[k] = (n_wk[w, k] + beta) / (n_k[k] + vbeta)
+        X += alpha * (phi[k] - old)
+        Y = 0.0
+        cum = []
+        for t in lst:
+            Y += n_dk[d, t] * phi[t]
+            cum.append(Y)
+        target = u[i] * (X + Y)
+        if target < Y:
+            k = lst[-1]
+            for j, c in enumerate(cum):
+                if target < c:
+                    k = lst[j]
+                    break
+        else:
+            target = (target - Y) / alpha
+            k = Kt - 1
+            acc = 0.0
+            for j in range(Kt):
+                acc += phi[j]
+                if target < acc:
+                    k = j
+                    break
+        z[i] = k
+        if n_dk[d, k] == 0:
+            lst.append(k)
+        n_dk[d, k] += 1
+        n_wk[w, k] += 1
+        n_k[k] += 1
+        old = phi[k]
+        phi[k] = (n_wk[w, k] + beta) / (n_k[k] + vbeta)
+        X += alpha * (phi[k] - old)
+
+
+def log_joint(n_dk, n_wk, alpha, beta):
+    """log p(w, z) (Griffiths and Steyvers), with scipy-free lgamma over all entries."""
+    lg = np.vectorize(math.lgamma)
+    D, Kt = n_dk.shape
+    V = n_wk.shape[0]
+    N_d = n_dk.sum(axis=1)
+    n_k = n_wk.sum(axis=0)
+    doc = (D * math.lgamma(Kt * alpha) - lg(N_d + Kt * alpha).sum()
+           + (lg(n_dk + alpha) - math.lgamma(alpha)).sum())
+    word = (Kt * math.lgamma(V * beta) - lg(n_k + V * beta).sum()
+            + (lg(n_wk + beta) - math.lgamma(beta)).sum())
+    return float(doc + word)
+
+
+def serial_cgs(X, n_topics, alpha, beta, n_sweeps, seed=0):
+    """Plain collapsed Gibbs sampling in document order, numpy RNG; returns
+    (log-likelihood per token after each sweep, n_wk)."""
+    import scipy.sparse as sp
+
+    X = sp.csr_matrix(X)
+    rng = np.random.default_rng(seed)
+    counts = X.data.astype(np.int64)
+    tok_doc = np.repeat(np.repeat(np.arange(X.shape[0]), np.diff(X.indptr)), counts)
+    tok_word = np.repeat(X.indices, counts)
+    z = rng.integers(0, n_topics, len(tok_doc))
+    n_dk = np.zeros((X.shape[0], n_topics), dtype=np.int64)
+    n_wk = np.zeros((X.shape[1], n_topics), dtype=np.int64)
+    np.add.at(n_dk, (tok_doc, z), 1)
+    np.add.at(n_wk, (tok_word, z), 1)
+    n_k = n_wk.sum(axis=0)
+    vbeta = X.shape[1] * beta
+    lls = []
+    for _ in range(n_sweeps):
+        dense_sweep(tok_doc, tok_word, z, n_dk, n_wk, n_k, rng.random(len(z)), alpha, beta,
+                    vbeta)
+        lls.append(log_joint(n_dk, n_wk, alpha, beta) / len(z))
+    return np.array(lls), n_wk
