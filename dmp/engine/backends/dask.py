@@ -275,15 +275,19 @@ class DaskBackend:
         return futs
 
     def _results(self, futs) -> list:
-        out = []
-        for f in futs:
-            try:
-                out.append(f.result(timeout=self.call_timeout))
-            except Exception as exc:
-                if _is_worker_loss(exc):
-                    raise WorkerLostError(str(exc) or type(exc).__name__) from exc
-                raise
-        return out
+        """Every call's result; the first failure is raised as soon as it happens (a
+        partition blocked on a dead peer -- a ring transfer -- must not hide the loss)."""
+        import asyncio
+
+        async def gather():
+            return await asyncio.gather(*futs)
+
+        try:
+            return list(self.client.sync(gather, callback_timeout=self.call_timeout))
+        except Exception as exc:
+            if _is_worker_loss(exc):
+                raise WorkerLostError(str(exc) or type(exc).__name__) from exc
+            raise
 
     def step(self, round, updates, plans):
         return self._issue([(a, "step", (round, update_for(updates, k), plans[k]))
