@@ -54,16 +54,22 @@ def _cmd_data_make(args) -> int:
     return 0
 
 
-_SVMLIGHT_OPTS = {"shards": "--shards", "layout": "--layout", "n_features": "--n-features"}
-_RATINGS_OPTS = {"file_format": "--format", "split": "--split", "seed": "--seed",
-                 "duplicates": "--duplicates", "sep": "--sep"}
+_OPTS = {
+    "svmlight": {"shards": "--shards", "layout": "--layout", "n_features": "--n-features"},
+    "ratings": {"file_format": "--format", "split": "--split", "seed": "--seed",
+                "duplicates": "--duplicates", "sep": "--sep"},
+    "uci": {"shards": "--shards", "vocab": "--vocab"},
+    "text": {"shards": "--shards", "per": "--per", "min_count": "--min-count",
+             "stop_words": "--stop-words"},
+}
 
 
 def _cmd_data_convert(args) -> int:
-    from .io import convert_ratings, convert_svmlight
+    from .io import convert_corpus, convert_ratings, convert_svmlight
 
-    other = _RATINGS_OPTS if args.format == "svmlight" else _SVMLIGHT_OPTS
-    given = [flag for dest, flag in other.items() if getattr(args, dest) is not None]
+    own = _OPTS[args.format]
+    given = sorted({flag for opts in _OPTS.values() for dest, flag in opts.items()
+                    if dest not in own and getattr(args, dest) is not None})
     if given:
         raise ValueError(f"{', '.join(given)}: not an option of {args.format} conversion")
     if args.format == "svmlight":
@@ -76,8 +82,15 @@ def _cmd_data_convert(args) -> int:
                              seed=0 if args.seed is None else args.seed,
                              duplicates=args.duplicates or "error", sep=args.sep,
                              overwrite=args.overwrite)
+    elif args.format in ("uci", "text"):
+        ds = convert_corpus(args.source, args.dest, format=args.format, vocab=args.vocab,
+                            n_shards=args.shards, overwrite=args.overwrite,
+                            per=args.per or "line",
+                            stop_words=None if args.stop_words == "none"
+                            else (args.stop_words or "english"),
+                            min_count=5 if args.min_count is None else args.min_count)
     else:
-        raise ValueError(f"unknown format {args.format!r}; known: svmlight, ratings")
+        raise ValueError(f"unknown format {args.format!r}; known: {', '.join(_OPTS)}")
     print(ds)
     return 0
 
@@ -171,12 +184,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--overwrite", action="store_true")
     m.set_defaults(func=_cmd_data_make)
     c = dsub.add_parser("convert", help="convert a file to a dmp Zarr dataset")
-    c.add_argument("format", choices=["svmlight", "ratings"],
+    c.add_argument("format", choices=list(_OPTS),
                    help="svmlight: LIBSVM file -> sparse store; ratings: user/item/rating "
-                        "file -> ratings store")
+                        "file -> ratings store; uci: UCI bag-of-words docword file -> "
+                        "corpus store; text: plain-text documents -> corpus store")
     c.add_argument("source")
     c.add_argument("dest")
-    c.add_argument("--shards", type=int, default=None, help="svmlight: number of shards")
+    c.add_argument("--shards", type=int, default=None, help="svmlight, uci, text: number of shards")
     c.add_argument("--layout", choices=["columns", "rows"], default=None,
                    help="svmlight: shard by columns (model-parallel, default) or by rows "
                         "(data-parallel)")
@@ -191,6 +205,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ratings: repeated (user, item) pairs (default error)")
     c.add_argument("--sep", default=None,
                    help="ratings: field delimiter (default sniffed; '\\t' or 'tab' for tab)")
+    c.add_argument("--vocab", default=None, help="uci: the vocab.*.txt file")
+    c.add_argument("--per", choices=["line", "file"], default=None,
+                   help="text: one document per line of SOURCE, or per file of the "
+                        "directory SOURCE (default line)")
+    c.add_argument("--min-count", type=int, default=None,
+                   help="text: prune words seen fewer times in all (default 5)")
+    c.add_argument("--stop-words", choices=["english", "none"], default=None,
+                   help="text: stop-word list (default english)")
     c.add_argument("--overwrite", action="store_true")
     c.set_defaults(func=_cmd_data_convert)
     i = dsub.add_parser("info", help="print a dataset's metadata")

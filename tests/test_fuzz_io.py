@@ -277,3 +277,62 @@ def test_huge_declared_size_is_refused_before_allocating(valid_stores, kind):
             ds.load_y() if kind == "columns" else ds.load_rows(ds.n_shards - 1)
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+VALID_DOCWORD = b"3\n5\n6\n1 1 2\n1 3 1\n2 2 4\n2 5 1\n3 1 1\n3 4 3\n"
+DOCWORDS = st.one_of(
+    st.binary(max_size=200),
+    st.tuples(st.just(VALID_DOCWORD), st.integers(0, 10_000), st.integers(0, 10_000),
+              st.binary(min_size=1, max_size=6)).map(
+        lambda a: (a[0][: a[1] % (len(a[0]) + 1)] if a[1] % 2 else
+                   a[0][: a[2] % len(a[0])] + a[3] + a[0][a[2] % len(a[0]) + len(a[3]):])),
+    st.text(alphabet=" \n-0123456789", max_size=120).map(lambda s: s.encode()))
+
+
+@FUZZ
+@given(DOCWORDS, st.booleans())
+def test_uci_converter_parses_or_says_why(data, gz):
+    import gzip as gzip_
+
+    from dmp.io import convert_corpus
+
+    d = Path(tempfile.mkdtemp(prefix="dmp-fuzz-uci-"))
+    try:
+        src = d / ("docword.txt.gz" if gz else "docword.txt")
+        src.write_bytes(gzip_.compress(data) if gz else data)
+        dest = d / "c.zarr"
+        try:
+            ds = convert_corpus(src, dest)
+        except CLEAR:
+            assert not dest.exists() and [p.name for p in d.iterdir()] == [src.name]
+            return
+        X, _ = ds.load_row_shards(list(range(ds.n_shards)))
+        assert X.nnz > 0 and np.all(X.data >= 1) and np.all(X.data == np.round(X.data))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=200),
+                 st.text(max_size=200).map(lambda s: s.encode("utf-8"))),
+       st.integers(1, 3))
+def test_text_converter_parses_or_says_why(data, min_count):
+    from dmp.io import convert_corpus
+
+    d = Path(tempfile.mkdtemp(prefix="dmp-fuzz-text-"))
+    try:
+        src = d / "docs.txt"
+        src.write_bytes(data)
+        dest = d / "c.zarr"
+        try:
+            ds = convert_corpus(src, dest, format="text", min_count=min_count,
+                                stop_words=None)
+        except CLEAR:
+            assert not dest.exists()
+            return
+        X, _ = ds.load_row_shards(list(range(ds.n_shards)))
+        vocab = ds.load_vocabulary()
+        assert X.shape[1] == len(vocab) and np.all(np.diff(X.indptr) > 0)
+        assert np.all(np.asarray(X.sum(axis=0)).ravel() >= min_count)
+    finally:
+        shutil.rmtree(d, ignore_errors=True)

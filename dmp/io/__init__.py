@@ -1,6 +1,7 @@
 """Data input/output: column- and row-block sparse datasets and ratings datasets (Zarr v3),
-svmlight and ratings text files, synthetic data, and dataset recipes."""
+svmlight, ratings and document-collection files, synthetic data, and dataset recipes."""
 
+from .corpus import convert_corpus, read_text_corpus, read_uci_bow
 from .ratings import (InMemoryRatingsDataset, RatingsDataset, convert_ratings,
                       read_ratings_file, write_ratings)
 from .recipes import build_dataset, default_cache_dir, load_recipe
@@ -16,5 +17,5 @@ __all__ = [
     "convert_svmlight", "make_sparse_lasso", "make_correlated_lasso", "lasso_alpha_max",
     "load_recipe", "build_dataset", "default_cache_dir", "RatingsDataset",
     "InMemoryRatingsDataset", "write_ratings", "read_ratings_file", "convert_ratings",
-    "make_ratings",
+    "make_ratings", "read_uci_bow", "read_text_corpus", "convert_corpus",
 ]

@@ -51,7 +51,7 @@ def _row_bounds(src, n_shards):
 
 
 def write_sparse_rows(path, X, y, *, n_shards=None, overwrite=False,
-                      storage_options=None) -> "SparseRowDataset":
+                      storage_options=None, vocabulary=None) -> "SparseRowDataset":
     """Write a design matrix and targets as a row-block sparse dataset.
 
     Parameters
@@ -70,6 +70,8 @@ def write_sparse_rows(path, X, y, *, n_shards=None, overwrite=False,
         Replace an existing dataset at ``path`` (removed only once the new one is complete).
     storage_options : dict, optional
         fsspec options for remote URLs.
+    vocabulary : sequence of str, optional
+        One name per column (a corpus's words), stored as the string array ``vocabulary``.
 
     Returns
     -------
@@ -87,16 +89,25 @@ def write_sparse_rows(path, X, y, *, n_shards=None, overwrite=False,
     src, y = _prepare_input(X, y, "csr", copy=False)
     n, p = src.shape
     row_bounds, n_shards, total = _row_bounds(src, n_shards)
+    if vocabulary is not None:
+        vocabulary = np.asarray([str(w) for w in vocabulary], dtype=np.dtypes.StringDType())
+        if vocabulary.shape != (p,):
+            raise DatasetError(f"vocabulary has {len(vocabulary)} entries, X has {p} columns")
 
     attrs: dict[str, Any] = {
         "dmp_format": FORMAT_VERSION, "kind": KIND, "shape": [int(n), int(p)],
         "nnz": total, "n_shards": n_shards, "row_bounds": [int(r) for r in row_bounds],
         "dtype": "float64", "complete": False, "created_by": "dmp",
+        "vocabulary": vocabulary is not None,
     }
 
     def fill(g):
         g.attrs.update(attrs)
         _write_array(g, "y", y, "float64")
+        if vocabulary is not None:
+            z = g.create_array("vocabulary", shape=(p,), dtype=str,
+                               chunks=(max(1, min(p, 1 << 20)),))
+            z[:] = vocabulary
         shard_nnz = []
         for k in range(n_shards):
             M = src.block(int(row_bounds[k]), int(row_bounds[k + 1]))
@@ -246,6 +257,28 @@ class SparseRowDataset(_StoredDataset):
             raise DatasetError(f"dataset: shards hold {total} nonzeros, attribute 'nnz' "
                                f"says {self.nnz}")
         return self
+
+    def load_vocabulary(self):
+        """The column names (a corpus's words) as a numpy string array, or None."""
+        if not self._attrs_vocabulary:
+            return None
+        g = self._group()
+        try:
+            z = g["vocabulary"]
+        except KeyError:
+            raise DatasetError(f"dataset: array 'vocabulary' is missing "
+                               f"({self.path}/vocabulary)") from None
+        except Exception as e:
+            raise DatasetError(f"dataset: array 'vocabulary' has corrupt metadata "
+                               f"({type(e).__name__}: {e})") from None
+        if not hasattr(z, "dtype") or z.shape != (self.n_features,) or z.dtype.kind != "T":
+            raise DatasetError(f"dataset: 'vocabulary' must be a string array of length "
+                               f"{self.n_features}")
+        try:
+            return np.asarray(z[:])
+        except Exception as e:
+            raise DatasetError(f"dataset: cannot read 'vocabulary' "
+                               f"({type(e).__name__}: {e})") from None
 
     def row_partition(self, n_parts: int) -> list[list[int]]:
         """Split the shards into ``n_parts`` contiguous groups of roughly equal nnz.

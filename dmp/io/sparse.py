@@ -598,6 +598,11 @@ class _StoredDataset:
                 raise DatasetError(f"attribute 'dtype' must be float64, got {attrs['dtype']!r}")
             sn = attrs.get("shard_nnz")
             self._shard_nnz = None if sn is None else attr_ints(sn, "shard_nnz")
+            vocab = attrs.get("vocabulary", False)
+            if not isinstance(vocab, bool):
+                raise DatasetError(f"attribute 'vocabulary' must be true or false, "
+                                   f"got {vocab!r}")
+            self._attrs_vocabulary = vocab
         except (DatasetError, KeyError, TypeError, ValueError) as e:
             raise DatasetError(f"{path!r}: malformed attributes ({e})") from None
         extent = self.shape[self.AXIS]
