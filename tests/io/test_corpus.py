@@ -59,6 +59,9 @@ def test_uci_errors_name_the_problem(tmp_path, docword, vocab, match):
 
 def test_uci_huge_declared_sizes_allocate_nothing(tmp_path):
     d, v = _uci(tmp_path, "1000000000000\n1000000000000\n1000000000000\n1 1 1\n", "a\n")
+    with pytest.raises(DatasetError, match="beyond int64"):
+        read_uci_bow(d)
+    d, v = _uci(tmp_path, "3\n5\n1000000000000\n1 1 1\n", VOCAB)
     with pytest.raises(DatasetError, match="NNZ = 1000000000000, the file has 1 entries"):
         read_uci_bow(d)
     d, v = _uci(tmp_path, "1000000000000\n5\n1\n1 1 1\n", VOCAB)
