@@ -44,7 +44,8 @@ _KEYS = {"name", "description", "dataset", "estimator", "compare", "cluster",
 _ESTIMATORS = {"Lasso": "dmp.linear_model:Lasso",
                "SparsifiedSGDClassifier": "dmp.linear_model:SparsifiedSGDClassifier",
                "SparsifiedSGDRegressor": "dmp.linear_model:SparsifiedSGDRegressor",
-               "MatrixFactorization": "dmp.decomposition:MatrixFactorization"}
+               "MatrixFactorization": "dmp.decomposition:MatrixFactorization",
+    "LatentDirichletAllocation": "dmp.decomposition:LatentDirichletAllocation"}
 _SPARSIFIED = ("SparsifiedSGDClassifier", "SparsifiedSGDRegressor")
 _CLUSTER_KEYS = {"n_workers", "threads_per_worker", "memory_limit"}
 
@@ -255,10 +256,40 @@ def _mf_summary(est, wall_s, ds, kernel_s):
     return out
 
 
+def _lda_summary(est, wall_s, kernel_s):
+    h = est.history_
+    tps = np.asarray(h["tokens_per_s"], dtype=float)
+    return {"objective": -est.log_likelihood_, "log_likelihood": est.log_likelihood_,
+            "ll_per_token": est.log_likelihood_ / est.n_tokens_, "sweeps": int(est.n_iter_),
+            "rounds": int(len(h["round"])), "wall_time_s": wall_s, "tokens": est.n_tokens_,
+            "tokens_per_s_median": float(np.nanmedian(tps)) if np.isfinite(tps).any() else None,
+            "n_components": est.n_components, "sampler": est.sampler,
+            "bytes": {"push": int(np.sum(h["bytes_push"])), "pull": int(np.sum(h["bytes_pull"])),
+                      "ring": int(np.sum(h["bytes_ring"]))},
+            "kernel_time_s": kernel_s, "kernel_fraction": kernel_s / max(wall_s, 1e-12),
+            "recoveries": est.recoveries_}
+
+
+def _write_topics(out: Path, est, ds) -> None:
+    """top_words.txt (the 15 most probable words of each topic) and components.zarr."""
+    import zarr
+
+    vocab = ds.load_vocabulary() if hasattr(ds, "load_vocabulary") else None
+    with open(out / "top_words.txt", "w") as f:
+        for k, words in enumerate(est.top_words(15, vocab)):
+            f.write(f"topic {k:3d}: {' '.join(map(str, words))}\n")
+    g = zarr.open_group(str(out / "components.zarr"), mode="w")
+    g.create_array("topic_word_counts", data=est.topic_word_counts_)
+    g.attrs.update({"doc_topic_prior": est.doc_topic_prior_,
+                    "topic_word_prior": est.topic_word_prior_})
+
+
 def _summary(est, wall_s, reference=None, ds=None):
     h = est.history_
     push = np.asarray(h["push_s"], dtype=float)
     kernel_s = float(push.mean(axis=1).sum())
+    if hasattr(est, "topic_word_counts_"):
+        return _lda_summary(est, wall_s, kernel_s)
     if hasattr(est, "user_factors_"):
         return _mf_summary(est, wall_s, ds, kernel_s)
     out = {
@@ -363,7 +394,10 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
             runs[label] = _summary(est, wall, reference, ds)
             histories[label] = est.history_
             fitted[label] = est
-            if hasattr(est, "dual_gap_"):
+            if hasattr(est, "topic_word_counts_"):
+                extra = (f"log-likelihood/token {runs[label]['ll_per_token']:.5f}  "
+                         f"sweeps {est.n_iter_}")
+            elif hasattr(est, "dual_gap_"):
                 extra = f"gap {est.dual_gap_:.3e}"
             elif hasattr(est, "user_factors_"):
                 extra = "  ".join(f"{k} {runs[label][k]:.4f}" for k in
@@ -371,8 +405,8 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
                                   if runs[label][k] is not None)
             else:
                 extra = f"blocks uploaded {runs[label]['blocks_uploaded']}"
-            log(f"  objective {est.objective_:.10g}  {extra}  rounds {est.n_iter_}  "
-                f"{wall:.2f}s")
+            log(f"  objective {runs[label]['objective']:.10g}  {extra}  rounds "
+                f"{runs[label]['rounds']}  {wall:.2f}s")
         metrics = {
             "pipeline": spec["name"], "dataset": str(getattr(ds, "path", ds)),
             "shape": list(ds.shape), "nnz": int(ds.nnz), "n_workers": n_workers,
@@ -386,7 +420,13 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
         from .plotting import plot_convergence, plot_rmse, plot_suboptimality
 
         labelled = {f"{cmp_key}={k}" if cmp_key else k: h for k, h in histories.items()}
-        if hasattr(main, "user_factors_"):
+        if hasattr(main, "topic_word_counts_"):
+            from .plotting import plot_training as _plot
+
+            _write_topics(tmp_out, main, ds)
+            _plot(next(iter(labelled.values())), path=str(tmp_out / "convergence.png"),
+                  metric="ll_per_token", title="log-likelihood per token")
+        elif hasattr(main, "user_factors_"):
             _write_factors(tmp_out / "factors.zarr", main)
             tests = {f"{cmp_key}={k}" if cmp_key else k: r["test_rmse"]
                      for k, r in runs.items() if r["test_rmse"] is not None}
@@ -405,7 +445,8 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
         for label, h in labelled.items():
             safe = re.sub(r"[^A-Za-z0-9_.+=-]+", "_", label)
             plot_training(h, path=str(tmp_out / f"training-{safe}.png"),
-                          title=f"{est_spec['class']} {label}")
+                          title=f"{est_spec['class']} {label}",
+                          metric="ll_per_token" if "ll_per_token" in h else "objective")
         with open(tmp_out / "metrics.json", "w") as f:
             json.dump(metrics, f, indent=2, default=_json_default)
         shutil.copy(spec["_path"], tmp_out / "pipeline.yaml")

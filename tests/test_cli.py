@@ -200,3 +200,27 @@ def test_dmp_run_mf_pipeline_on_a_converted_ratings_file(tmp_path, capsys):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.yaml", "ratings.dat",
                                                          "recipe.yaml", "run"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_dmp_run_lda_pipeline_on_a_text_corpus(tmp_path):
+    """A plain-text file -> corpus recipe -> word-rotation LDA on the embedded cluster ->
+    top words per topic, the log-likelihood curve, metrics, topic-word counts."""
+    out = tmp_path / "lda"
+    assert main(["run", str(REPO / "pipelines" / "lda_small.yaml"), "--output", str(out),
+                 "--no-progress"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    run = metrics["runs"]["LatentDirichletAllocation"]
+    assert run["sweeps"] == 30 and run["bytes"]["ring"] > 0 and run["ll_per_token"] < 0
+    lines = (out / "top_words.txt").read_text().splitlines()
+    assert len(lines) == 4
+    # the four themes of datasets/tiny_corpus.txt come out as the four topics
+    themes = [{"football", "goal", "referee", "stadium"}, {"recipe", "oven", "garlic", "butter"},
+              {"rocket", "orbit", "planet", "galaxy"}, {"guitar", "melody", "concert", "piano"}]
+    found = [next(i for i, t in enumerate(themes) if len(t & set(line.split()[2:])) >= 3)
+             for line in lines]
+    assert sorted(found) == [0, 1, 2, 3]
+    counts = zarr.open_group(str(out / "components.zarr"), mode="r")["topic_word_counts"][:]
+    assert counts.shape == (4, metrics["shape"][1]) and counts.sum() == run["tokens"]
+    assert (out / "convergence.png").read_bytes()[:4] == b"\x89PNG"

@@ -343,8 +343,10 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         vocab = np.asarray(vocabulary)
         return [vocab[row].tolist() for row in order]
 
-    def plot(self, ax=None):
-        """Log-likelihood per token against time and sweep (matplotlib)."""
+    def plot(self):
+        """The training figures (log-likelihood per token against time and sub-round, push and
+        idle time per worker, bytes per primitive); returns the matplotlib figure."""
         from ..plotting import plot_training
 
-        return plot_training(self.history_, ax=ax)
+        return plot_training(self.history_, metric="ll_per_token",
+                             title="LatentDirichletAllocation")

@@ -7,7 +7,8 @@ A recipe is either generated::
     params: {n: 2000, p: 20000, density: 0.002, seed: 0}
     n_shards: 8
 
-or converted from a file::
+or converted from a file (``convert``: svmlight, ratings, or the corpus converters text and
+uci, see `dmp.io.corpus`)::
 
     name: sample_svmlight
     convert: svmlight
@@ -56,7 +57,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from . import ratings, svmlight, synthetic
+from . import corpus, ratings, svmlight, synthetic
 from .rows import write_sparse_rows
 from .sparse import DatasetError, _exists, _normalize_path, open_dataset, write_sparse
 
@@ -64,7 +65,7 @@ __all__ = ["default_cache_dir", "load_recipe", "build_dataset", "fetch_pypi_memb
            "GENERATORS", "CONVERTERS"]
 
 GENERATORS = ("make_sparse_lasso", "make_correlated_lasso", "make_ratings")
-CONVERTERS = ("svmlight", "ratings")
+CONVERTERS = ("svmlight", "ratings", "text", "uci")
 _RATINGS_GENERATORS = ("make_ratings",)
 _RECIPE_ONLY_PARAMS = {"make_ratings": {"valid_frac"}}
 _NOT_PARAMS = {"path", "source", "dest", "overwrite", "storage_options"}
@@ -163,8 +164,9 @@ def load_recipe(path_or_dict) -> dict:
                                  or n_shards < 1):
         raise ValueError(f"{where}: 'n_shards' must be a positive integer, got {n_shards!r}")
 
+    corpus_kind = recipe.get("convert") in ("text", "uci")
     layout = recipe.get("layout") if _is_ratings(recipe) else \
-        recipe.setdefault("layout", "columns")  # ratings recipes have none (checked above)
+        recipe.setdefault("layout", "rows" if corpus_kind else "columns")  # ratings: none
     if layout is not None and layout not in _LAYOUTS:
         raise ValueError(f"{where}: 'layout' must be one of {', '.join(_LAYOUTS)}, "
                          f"got {layout!r}")
@@ -201,7 +203,15 @@ def load_recipe(path_or_dict) -> dict:
             if base is not None and not os.path.isabs(src):
                 src = str(base / src)
             recipe["source"] = src
-        func = ratings.convert_ratings if conv == "ratings" else svmlight.read_svmlight
+        func = {"ratings": ratings.convert_ratings, "svmlight": svmlight.read_svmlight,
+                "text": corpus.read_text_corpus, "uci": corpus.read_uci_bow}[conv]
+        if conv in ("text", "uci"):
+            if recipe.get("layout", "rows") != "rows":
+                raise ValueError(f"{where}: a corpus is stored by documents (layout: rows)")
+            recipe["layout"] = "rows"
+            if conv == "uci" and isinstance(params.get("vocab"), str) and base is not None \
+                    and not os.path.isabs(params["vocab"]):
+                params["vocab"] = str(base / os.path.expanduser(params["vocab"]))
         bad = sorted(set(params) & _NOT_PARAMS)
         if bad:
             raise ValueError(f"{where}: unknown params for {func.__name__}: "
@@ -416,10 +426,18 @@ def build_dataset(recipe, path=None, *, overwrite=False, storage_options=None):
     if _is_ratings(recipe):
         return _build_ratings(recipe, path, overwrite or stale, storage_options)
     params = recipe["params"]
+    kw = {}
     if "generator" in recipe:
         X, y, _ = _generator(recipe["generator"])(**params)
+    elif recipe["convert"] == "text":
+        X, vocab, _ = corpus.read_text_corpus(_source_path(recipe), **params)
+        y, kw = np.zeros(X.shape[0]), {"vocabulary": vocab}
+    elif recipe["convert"] == "uci":
+        X, vocab = corpus.read_uci_bow(_source_path(recipe), **params)
+        X = X[np.diff(X.indptr) > 0]
+        y, kw = np.zeros(X.shape[0]), {"vocabulary": vocab}
     else:
         X, y = svmlight.read_svmlight(_source_path(recipe), **params)
     write = write_sparse_rows if recipe["layout"] == "rows" else write_sparse
     return write(path, X, y, n_shards=recipe.get("n_shards"), overwrite=overwrite or stale,
-                 storage_options=storage_options)
+                 storage_options=storage_options, **kw)
