@@ -10,7 +10,7 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.S)
 
 
 def test_readme_has_the_examples():
-    assert len(BLOCKS) == 4
+    assert len(BLOCKS) == 5
     first_lines = "\n".join(README.splitlines()[:12])
     assert "bash .ci/install && .venv/bin/dmp run pipelines/lasso.yaml" in first_lines
     assert ".venv/bin/python -m pytest -q" in first_lines
@@ -36,7 +36,7 @@ def test_sparsified_example():
 
 def test_program_example():
     ns = {}
-    exec(BLOCKS[3], ns)
+    exec(BLOCKS[4], ns)
     np.testing.assert_allclose(ns["program"].driver["w"], np.arange(5.0), atol=1e-6)
     assert ns["result"].converged
 
@@ -48,3 +48,19 @@ def test_mf_example():
     assert mf.user_factors_.shape == (2000, 10) and mf.item_factors_.shape == (500, 10)
     assert -0.16 < mf.score(ns["R_test"]) < -0.1
     assert np.all(np.diff(mf.history_["objective"][1:]) <= 1e-9 * mf.history_["objective"][2:])
+
+
+def test_lda_example():
+    ns = {}
+    exec(BLOCKS[3], ns)
+    lda, theta = ns["lda"], ns["theta"]
+    assert lda.components_.shape == (4, ns["corpus"].shape[1])
+    np.testing.assert_allclose(theta.sum(axis=1), 1.0)
+    # the four themes of the tiny corpus: every topic's top words come from one theme
+    top = lda.top_words(5, ns["corpus"].load_vocabulary())
+    themes = [{"football", "goal", "referee", "stadium", "player", "match", "league", "coach",
+               "striker", "penalty", "season", "trophy", "keeper", "tackle", "fans"},
+              {"rocket", "orbit", "planet", "galaxy", "telescope", "astronaut", "launch", "moon",
+               "comet", "gravity", "satellite", "nebula", "mission", "crater", "solar"}]
+    assert sum(set(t) <= th for t in top for th in themes) == 2
+    assert lda.perplexity(ns["X"]) < 60

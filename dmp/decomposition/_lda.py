@@ -30,7 +30,11 @@ def check_counts(X, what: str = "X", n_features: int | None = None) -> sp.csr_ma
     if hasattr(X, "dask") and hasattr(X, "compute"):
         X = X.compute()
     if sp.issparse(X):
-        X = sp.csr_matrix(X, dtype=np.float64)
+        # a copy with one index dtype: the caller's matrix is never modified, and a CSR
+        # with int64 indptr but int32 indices (as loaded from a store) works in place
+        X = sp.csr_matrix(X, dtype=np.float64, copy=True)
+        X.indptr = X.indptr.astype(np.int64)
+        X.indices = X.indices.astype(np.int64)
     else:
         try:
             arr = np.asarray(X, dtype=np.float64)
