@@ -276,3 +276,20 @@ def test_sklearn_conventions():
     assert c.doc_topic_prior_ == 0.3 and c.topic_word_prior_ == 0.25
     assert list(c.get_feature_names_out()) == [f"latentdirichletallocation{k}"
                                                for k in range(4)]
+
+
+def test_make_lda_corpus_follows_the_generative_process():
+    from dmp.io.synthetic import make_lda_corpus
+
+    X, phi, theta = make_lda_corpus(n_docs=400, n_words=300, n_topics=5, doc_len=120, seed=1)
+    assert X.shape == (400, 300) and phi.shape == (5, 300) and theta.shape == (400, 5)
+    assert abs(X.sum() / 400 - 120) < 3            # Poisson(120) lengths
+    assert np.all(X.data >= 1) and np.all(X.data == np.round(X.data))
+    # expected word frequencies: sum_d N_d theta_d . phi
+    lengths = np.asarray(X.sum(axis=1)).ravel()
+    expected = (lengths[:, None] * theta).sum(axis=0) @ phi
+    observed = np.asarray(X.sum(axis=0)).ravel()
+    chi2 = np.sum((observed - expected) ** 2 / np.maximum(expected, 1e-9))
+    assert chi2 < 300 + 6 * np.sqrt(2 * 300)       # about chi-square with 300 degrees
+    X2, _, _ = make_lda_corpus(n_docs=400, n_words=300, n_topics=5, doc_len=120, seed=1)
+    assert (X2 != X).nnz == 0

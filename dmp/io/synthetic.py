@@ -1,13 +1,15 @@
-"""Synthetic sparse Lasso problems (STRADS-style, p >> n) and low-rank ratings."""
+"""Synthetic sparse Lasso problems (STRADS-style, p >> n), low-rank ratings and LDA corpora."""
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["make_sparse_lasso", "make_correlated_lasso", "lasso_alpha_max", "make_ratings"]
+__all__ = ["make_sparse_lasso", "make_correlated_lasso", "lasso_alpha_max", "make_ratings",
+           "make_lda_corpus"]
 
 
 def _check_int(name, value, low=1):
@@ -231,3 +233,43 @@ def make_ratings(n_users=50_000, n_items=10_000, n_obs=2_000_000, rank=20, noise
     nt = int(test_frac * n_obs)
     te, tr = perm[:nt], perm[nt:]
     return (u[tr], i[tr], r[tr]), (u[te], i[te], r[te]), U, Vt
+
+
+def make_lda_corpus(n_docs=5_000, n_words=10_000, n_topics=50, doc_len=200, alpha=0.1,
+                    beta=0.01, seed=2):
+    """A corpus drawn from the LDA generative process (ANCHORS.md section 2's generator).
+
+    Topics ``phi_k ~ Dirichlet(beta)`` over ``n_words`` words, document mixtures
+    ``theta_d ~ Dirichlet(alpha)``, document lengths ``Poisson(doc_len)`` (at least 1), each
+    token's topic from ``theta_d`` and its word from ``phi_topic``.
+
+    Returns
+    -------
+    X : scipy.sparse.csr_matrix of float64, shape (n_docs, n_words)
+        Token counts.
+    phi : ndarray (n_topics, n_words)
+    theta : ndarray (n_docs, n_topics)
+    """
+    for name, v in (("n_docs", n_docs), ("n_words", n_words), ("n_topics", n_topics),
+                    ("doc_len", doc_len)):
+        _check_int(name, v)
+    _check_real("alpha", alpha, 0, math.inf, low_open=True)
+    _check_real("beta", beta, 0, math.inf, low_open=True)
+    rng = np.random.default_rng(seed)
+    phi = rng.dirichlet(np.full(n_words, beta), n_topics)
+    theta = rng.dirichlet(np.full(n_topics, alpha), n_docs)
+    lengths = np.maximum(rng.poisson(doc_len, n_docs), 1)
+    doc = np.repeat(np.arange(n_docs), lengths)
+    # each token's topic by inverse CDF of its document's mixture, then its word likewise
+    cum_theta = np.cumsum(theta, axis=1)
+    z = (rng.random(len(doc))[:, None] > cum_theta[doc]).sum(axis=1)
+    z = np.minimum(z, n_topics - 1)
+    words = np.empty(len(doc), dtype=np.int64)
+    cum_phi = np.cumsum(phi, axis=1)
+    for k in range(n_topics):
+        at = np.flatnonzero(z == k)
+        words[at] = np.minimum(np.searchsorted(cum_phi[k], rng.random(len(at)), side="right"),
+                               n_words - 1)
+    X = sp.csr_matrix((np.ones(len(doc)), (doc, words)), shape=(n_docs, n_words))
+    X.sum_duplicates()
+    return X, phi, theta
