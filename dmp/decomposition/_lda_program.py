@@ -152,6 +152,9 @@ class LDAProgram(Program):
         b, table = self._take_block(s, round)
         t0, t1 = int(s["block_ptr"][b]), int(s["block_ptr"][b + 1])
         dest = (s["p"] - 1) % s["P"]
+        # the block now belongs to the neighbour: drop it here, so a worker holds its next
+        # block and (while it arrives) the one in transit, never an old one besides
+        s["held"] = None
         if plan["kind"] == "count":
             K.count_block(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table)
             partial = {"n_k": s["local_nk"].copy()} if round == 0 else {}
@@ -185,6 +188,8 @@ class LDAProgram(Program):
         if s["inbox"]:
             (r, (b, table)), = s["inbox"].items()
             return r, b, table
+        if s["held"] is None:
+            raise RuntimeError(f"partition {s['p']} holds no word block between rounds")
         return -1, s["held"][0], s["held"][1]
 
     def partition_arrays(self, s):
