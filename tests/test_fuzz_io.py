@@ -21,7 +21,7 @@ from dmp.io.svmlight import convert_svmlight, read_svmlight  # noqa: E402
 
 CLEAR = (ValueError, FileNotFoundError)   # DatasetError and UnicodeDecodeError are ValueErrors
 #: examples per property; DMP_FUZZ_EXAMPLES=2000 for a deep run outside the test suite
-EXAMPLES = int(os.environ.get("DMP_FUZZ_EXAMPLES", "100"))
+EXAMPLES = int(os.environ.get("DMP_FUZZ_EXAMPLES", "60"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow])
