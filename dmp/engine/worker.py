@@ -40,7 +40,8 @@ class PartitionWorker:
         nbytes = 0
         for dest, payload in messages.items():
             if dest == self.index:
-                self.deliver(round, self.index, payload)
+                # to itself: the plain method (the actor's deliver is a coroutine)
+                PartitionWorker.deliver(self, round, self.index, payload)
             else:
                 self._send(int(dest), round, payload)
                 nbytes += payload_nbytes(payload)
