@@ -275,15 +275,42 @@ class DaskBackend:
         return futs
 
     def _results(self, futs) -> list:
-        """Every call's result; the first failure is raised as soon as it happens (a
-        partition blocked on a dead peer -- a ring transfer -- must not hide the loss)."""
+        """Every call's result.  The first failure is raised as soon as it happens (a
+        partition blocked on a dead peer -- a ring transfer -- must not hide the loss), and a
+        partition's worker leaving the cluster is a loss even while its call has not failed:
+        distributed's actor proxy answers a broken connection by waiting for the actor's task,
+        which, pinned to an address that is gone, never finishes."""
         import asyncio
 
+        async def one(f):
+            return await f
+
         async def gather():
-            return await asyncio.gather(*futs)
+            tasks = [asyncio.ensure_future(one(f)) for f in futs]
+            try:
+                pending = set(tasks)
+                while pending:
+                    done, pending = await asyncio.wait(
+                        pending, timeout=CREATE_POLL_S, return_when=asyncio.FIRST_EXCEPTION)
+                    for t in done:
+                        if t.exception() is not None:
+                            raise t.exception()
+                    if pending and self._targets:
+                        info = await self.client.scheduler.identity(n_workers=-1)
+                        gone = set(self._targets) - set(info["workers"])
+                        if gone:
+                            raise WorkerLostError(f"worker(s) {sorted(gone)} left the cluster "
+                                                  f"during the round")
+                return [t.result() for t in tasks]
+            finally:
+                for t in tasks:
+                    if not t.done():
+                        t.cancel()
 
         try:
             return list(self.client.sync(gather, callback_timeout=self.call_timeout))
+        except WorkerLostError:
+            raise
         except Exception as exc:
             if _is_worker_loss(exc):
                 raise WorkerLostError(str(exc) or type(exc).__name__) from exc
