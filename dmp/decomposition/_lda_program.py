@@ -245,14 +245,12 @@ class LDAProgram(Program):
         if bounds is None:
             return None
         docs = int(sum(bounds[k + 1] - bounds[k] for k in spec["shards"]))
-        n_tok = getattr(self, "_tokens_per_shard", None)
-        tokens = 0 if n_tok is None else int(sum(n_tok[k] for k in spec["shards"]))
         P = spec["n_parts"]
         block_rows = math.ceil(self.n_words / P)
-        # doc-topic counts, two word blocks at a time (held + arriving), tokens (doc, row, z,
-        # uniforms), word maps
+        # doc-topic counts, two word blocks at a time (held + arriving), word maps; the tokens
+        # (about 20 bytes each) are not known from the metadata and are left out
         return (docs * self.n_topics * 4 + 2 * block_rows * self.n_topics * 4
-                + tokens * 20 + self.n_words * 8)
+                + self.n_words * 8)
 
     def start(self, n_partitions):
         self.driver = {"P": n_partitions, "n_k": None, "ll": math.nan, "sweep": 0,

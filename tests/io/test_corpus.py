@@ -4,7 +4,6 @@ import gzip
 
 import numpy as np
 import pytest
-import scipy.sparse as sp
 
 from dmp.cli import main
 from dmp.io import DatasetError, convert_corpus, open_dataset, read_text_corpus, read_uci_bow

@@ -31,12 +31,6 @@ def cluster_workers(client) -> dict:
     return {addr: w.get("name", addr) for addr, w in _identity_workers(client).items()}
 
 
-def worker_memory_limits(client) -> dict:
-    """``{name: memory limit in bytes}`` of the workers (0 means no limit)."""
-    return {w.get("name", addr): int(w.get("memory_limit") or 0)
-            for addr, w in _identity_workers(client).items()}
-
-
 #: seconds between two checks, while partitions load, that their workers are still there
 CREATE_POLL_S = 0.5
 
