@@ -36,12 +36,14 @@ def matched_cosine(A, B) -> float:
 
 
 # ---------------------------------------------------------------- the samplers' kernels
-@pytest.mark.parametrize("sampler", ["dense", "sparse"])
-def test_one_draw_follows_the_exact_conditional(sampler):
+# K = 300: the sparse sampler's dense bucket is searched with its Fenwick tree
+@pytest.mark.parametrize("sampler, Kt", [("dense", 7), ("sparse", 7),
+                                         ("sparse", K.TREE_MIN_TOPICS + 44)])
+def test_one_draw_follows_the_exact_conditional(sampler, Kt):
     """A token's topic as a function of its uniform: the intervals of [0, 1) leading to each
     topic have the lengths of the exact collapsed conditional."""
     rng = np.random.default_rng(1)
-    Kt, V, alpha, beta = 7, 5, 0.3, 0.2
+    V, alpha, beta = 5, 0.3, 0.2
     n_dk = rng.integers(0, 4, (1, Kt)).astype(np.int32)
     n_dk[0, 2] = 0
     n_dk[0, 0] += 1                       # the token itself: doc 0, topic 0, word 3
@@ -59,22 +61,24 @@ def test_one_draw_follows_the_exact_conditional(sampler):
     grid = (np.arange(4000) + 0.5) / 4000
     hits = np.zeros(Kt)
     for g in grid:
-        nd, nw, nk = n_dk.copy(), n_wk.copy(), n_k.copy()
+        nw, nk = n_wk.copy(), n_k.copy()
         z = np.array([0], dtype=np.int32)
-        dnz_ptr = np.array([0, Kt], dtype=np.int64)
-        dnz_topics = np.zeros(Kt, dtype=np.int32)
-        dnz_cnt = np.zeros(1, dtype=np.int32)
-        K.build_doc_topics(nd, dnz_ptr, dnz_topics, dnz_cnt)
-        args = (0, 1, np.array([3], np.int32), np.array([0], np.int32), z, nd, nw, nk,
-                np.array([g]), alpha, beta, vbeta, dnz_ptr, dnz_topics, dnz_cnt)
+        dnz_ptr, dnz, dnz_cnt = K.doc_topic_lists(np.zeros(n_dk.sum(), np.int32),
+                                                  np.repeat(np.arange(Kt), n_dk[0]), 1, Kt)
+        args = (0, 1, np.array([3], np.int32), np.array([0], np.int32), z, nw, nk,
+                np.array([g]), alpha, beta, vbeta, dnz_ptr, dnz, dnz_cnt)
         if sampler == "dense":
-            K.sample_dense(*args, np.empty(Kt))
+            K.sample_dense(*args, np.empty(Kt), np.empty(Kt))
         else:
-            K.sample_sparse(*args, np.empty(Kt), np.empty(Kt))
+            K.sample_sparse(*args, np.empty(Kt), np.empty(Kt), np.empty(Kt + 1))
         hits[z[0]] += 1
         # counts stay consistent: the token moved from topic 0 to z
-        assert nd.sum() == n_dk.sum() and nw[3].sum() == n_wk[3].sum()
-        assert nk.sum() == n_k.sum() and nd[0, z[0]] >= 1
+        nd = K.doc_topic_counts(dnz_ptr, dnz, dnz_cnt, Kt)
+        moved = n_dk.copy()
+        moved[0, 0] -= 1
+        moved[0, z[0]] += 1
+        np.testing.assert_array_equal(nd, moved)
+        assert nw[3].sum() == n_wk[3].sum() and nk.sum() == n_k.sum()
     np.testing.assert_allclose(hits / len(grid), p, atol=1.0 / len(grid) * 2)
 
 
@@ -87,12 +91,13 @@ def _serial_tokens(X, n_topics, seed):
     return tok_doc, tok_row, tok_word, z0
 
 
-@pytest.mark.parametrize("sampler", ["dense", "sparse"])
-def test_one_worker_equals_the_serial_reference(sampler):
+@pytest.mark.parametrize("sampler, Kt", [("dense", 4), ("sparse", 4),
+                                         ("sparse", K.TREE_MIN_TOPICS + 44)])
+def test_one_worker_equals_the_serial_reference(sampler, Kt):
     """With one worker the rotation sampler is serial CGS: same seed, same traversal order,
     same uniforms -> the same assignments and counts as the plain Python sampler."""
     X, _, _ = lda_corpus(n_docs=40, n_words=60, n_topics=4, doc_len=25)
-    Kt, alpha, beta, sweeps, seed = 4, 0.2, 0.05, 4, 11
+    alpha, beta, sweeps, seed = 0.2, 0.05, 4, 11
     prog = LDAProgram(InMemorySparseRowDataset(X, np.zeros(40), n_shards=1), n_topics=Kt,
                       alpha=alpha, beta=beta, n_sweeps=sweeps, sampler=sampler, seed=seed)
     backend = LocalBackend(1)

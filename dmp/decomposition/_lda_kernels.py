@@ -13,12 +13,16 @@ Two samplers draw from the same conditional
   (n_k + V beta)`` and the dense bucket ``X = alpha sum_k phi_k`` are kept up to date
   incrementally; the document bucket ``Y = sum_{k: n_dk > 0} n_dk phi_k`` runs over the
   document's nonzero topics only.  ``u < Y`` picks among the document's topics, otherwise
-  ``k`` is found in the dense bucket.  Cost O(K_d) per token plus O(K) when the dense bucket
-  is hit (probability about ``alpha K / (N_d + alpha K)``) and O(K) once per word.
+  ``k`` is found in the dense bucket by descending a Fenwick tree over ``phi`` (kept up to
+  date with the two changes of each token).  Cost O(K_d + log K) per token and O(K) once
+  per word (rebuilding ``phi`` and its tree).
 
-The nonzero topics of each document are kept in ``dnz_topics[dnz_ptr[d]:dnz_ptr[d] + dnz_cnt[d]]``
-(capacity ``min(K, N_d)``); removal swaps with the last entry, so the order is part of the
-sampler's state (the numpy reference reproduces it).
+A document's topic counts exist only in sparse form: its nonzero topics and their counts are
+the rows ``dnz[dnz_ptr[d]:dnz_ptr[d] + dnz_cnt[d]]`` (``[topic, count]`` pairs, capacity
+``min(K, N_d)``), contiguous so that the document bucket reads one short run of memory rather
+than a K-wide row.  A count reaching zero is removed by moving the last pair into its place and
+a new topic is appended, so the order is part of the sampler's state (the numpy reference
+reproduces it).  No D x K table is kept.
 """
 
 from __future__ import annotations
@@ -29,29 +33,62 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True, nogil=True)
-def _dnz_remove(dnz_topics, dnz_ptr, dnz_cnt, d, k):
-    base = dnz_ptr[d]
-    n = dnz_cnt[d]
-    for j in range(n):
-        if dnz_topics[base + j] == k:
-            dnz_topics[base + j] = dnz_topics[base + n - 1]
-            dnz_cnt[d] = n - 1
-            return
+def doc_topic_lists(tok_doc, z, n_docs, n_topics):
+    """``(dnz_ptr, dnz, dnz_cnt)`` of documents whose tokens are ``(tok_doc, z)``, each
+    document's topics in increasing order."""
+    tok_doc = np.asarray(tok_doc, dtype=np.int64)
+    doc_len = np.bincount(tok_doc, minlength=n_docs)
+    dnz_ptr = np.zeros(n_docs + 1, dtype=np.int64)
+    np.cumsum(np.minimum(doc_len, n_topics), out=dnz_ptr[1:])
+    keys, counts = np.unique(tok_doc * n_topics + np.asarray(z, dtype=np.int64),
+                             return_counts=True)
+    docs = keys // n_topics
+    dnz_cnt = np.bincount(docs, minlength=n_docs).astype(np.int32)
+    first = np.zeros(n_docs + 1, dtype=np.int64)
+    np.cumsum(dnz_cnt, out=first[1:])
+    slot = dnz_ptr[docs] + np.arange(len(keys)) - first[docs]
+    dnz = np.zeros((max(int(dnz_ptr[-1]), 1), 2), dtype=np.int32)
+    dnz[slot, 0] = keys % n_topics
+    dnz[slot, 1] = counts
+    return dnz_ptr, dnz, dnz_cnt
+
+
+def doc_topic_counts(dnz_ptr, dnz, dnz_cnt, n_topics):
+    """The dense documents x topics counts of the sparse lists (for tests and inspection)."""
+    n_docs = len(dnz_cnt)
+    out = np.zeros((n_docs, n_topics), dtype=np.int64)
+    for d in range(n_docs):
+        rows = dnz[dnz_ptr[d]:dnz_ptr[d] + dnz_cnt[d]]
+        out[d, rows[:, 0]] = rows[:, 1]
+    return out
 
 
 @njit(cache=True, nogil=True)
-def build_doc_topics(n_dk, dnz_ptr, dnz_topics, dnz_cnt):
-    """Fill the per-document nonzero-topic lists from ``n_dk`` (topics in increasing order)."""
-    D, K = n_dk.shape
-    for d in range(D):
-        c = 0
-        base = dnz_ptr[d]
-        for k in range(K):
-            if n_dk[d, k] > 0:
-                dnz_topics[base + c] = k
-                c += 1
-        dnz_cnt[d] = c
+def _dnz_decrement(dnz, base, nd, k):
+    """Take one count off topic ``k`` of the document whose pairs start at ``base``; returns
+    the new number of pairs."""
+    for j in range(nd):
+        if dnz[base + j, 0] == k:
+            c = dnz[base + j, 1] - 1
+            if c == 0:
+                dnz[base + j, 0] = dnz[base + nd - 1, 0]
+                dnz[base + j, 1] = dnz[base + nd - 1, 1]
+                return nd - 1
+            dnz[base + j, 1] = c
+            return nd
+    return nd
+
+
+@njit(cache=True, nogil=True)
+def _dnz_increment(dnz, base, nd, k):
+    """Add one count to topic ``k`` (appending it if new); returns the new number of pairs."""
+    for j in range(nd):
+        if dnz[base + j, 0] == k:
+            dnz[base + j, 1] += 1
+            return nd
+    dnz[base + nd, 0] = k
+    dnz[base + nd, 1] = 1
+    return nd + 1
 
 
 @njit(cache=True, nogil=True)
@@ -62,22 +99,24 @@ def count_block(t0, t1, tok_row, tok_doc, z, n_wk):
 
 
 @njit(cache=True, nogil=True)
-def sample_dense(t0, t1, tok_row, tok_doc, z, n_dk, n_wk, n_k, u, alpha, beta, vbeta,
-                 dnz_ptr, dnz_topics, dnz_cnt, cdf):
+def sample_dense(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
+                 dnz_ptr, dnz, dnz_cnt, row, cdf):
     """O(K) collapsed Gibbs sweep over tokens ``[t0, t1)`` (the reference sampler)."""
     K = n_k.shape[0]
     for i in range(t0, t1):
         d = tok_doc[i]
         w = tok_row[i]
         k = z[i]
-        n_dk[d, k] -= 1
+        base = dnz_ptr[d]
+        nd = _dnz_decrement(dnz, base, dnz_cnt[d], k)
         n_wk[w, k] -= 1
         n_k[k] -= 1
-        if n_dk[d, k] == 0:
-            _dnz_remove(dnz_topics, dnz_ptr, dnz_cnt, d, k)
+        row[:] = 0.0
+        for j in range(nd):
+            row[dnz[base + j, 0]] = dnz[base + j, 1]
         total = 0.0
         for j in range(K):
-            total += (n_dk[d, j] + alpha) * (n_wk[w, j] + beta) / (n_k[j] + vbeta)
+            total += (row[j] + alpha) * (n_wk[w, j] + beta) / (n_k[j] + vbeta)
             cdf[j] = total
         target = u[i - t0] * total
         k = K - 1
@@ -86,19 +125,68 @@ def sample_dense(t0, t1, tok_row, tok_doc, z, n_dk, n_wk, n_k, u, alpha, beta, v
                 k = j
                 break
         z[i] = k
-        if n_dk[d, k] == 0:
-            dnz_topics[dnz_ptr[d] + dnz_cnt[d]] = k
-            dnz_cnt[d] += 1
-        n_dk[d, k] += 1
+        dnz_cnt[d] = _dnz_increment(dnz, base, nd, k)
         n_wk[w, k] += 1
         n_k[k] += 1
 
 
+# below this many topics a linear scan of the dense bucket beats keeping the Fenwick tree
+# (measured, median sweep on 1M tokens: K = 100 0.16 s linear vs 0.24 s with the tree;
+# K = 1000 0.73 s linear vs 0.52 s with it)
+TREE_MIN_TOPICS = 256
+
+
 @njit(cache=True, nogil=True)
-def sample_sparse(t0, t1, tok_row, tok_doc, z, n_dk, n_wk, n_k, u, alpha, beta, vbeta,
-                  dnz_ptr, dnz_topics, dnz_cnt, phi, ybuf):
-    """Sparse ("sample by word") collapsed Gibbs sweep over tokens ``[t0, t1)``."""
+def _fenwick_build(tree, values):
+    """``tree[1..K]``: the Fenwick (binary indexed) tree of ``values[0..K-1]``, in O(K)."""
+    K = values.shape[0]
+    tree[0] = 0.0
+    for i in range(1, K + 1):
+        tree[i] = values[i - 1]
+    for i in range(1, K + 1):
+        j = i + (i & -i)
+        if j <= K:
+            tree[j] += tree[i]
+
+
+@njit(cache=True, nogil=True)
+def _fenwick_add(tree, k, delta):
+    K = tree.shape[0] - 1
+    i = k + 1
+    while i <= K:
+        tree[i] += delta
+        i += i & -i
+
+
+@njit(cache=True, nogil=True)
+def _fenwick_search(tree, target, top):
+    """The first index whose prefix sum exceeds ``target`` (``K - 1`` if none does);
+    ``top`` is the largest power of two not above K."""
+    K = tree.shape[0] - 1
+    pos = 0
+    step = top
+    while step > 0:
+        nxt = pos + step
+        if nxt <= K and tree[nxt] <= target:
+            pos = nxt
+            target -= tree[nxt]
+        step >>= 1
+    return pos if pos < K else K - 1
+
+
+@njit(cache=True, nogil=True)
+def sample_sparse(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
+                  dnz_ptr, dnz, dnz_cnt, phi, ybuf, tree):
+    """Sparse ("sample by word") collapsed Gibbs sweep over tokens ``[t0, t1)``.
+
+    For ``K >= TREE_MIN_TOPICS``, ``tree`` (K + 1 floats) holds a Fenwick tree over the
+    current word's ``phi``, so a draw from the dense bucket costs O(log K) rather than O(K).
+    """
     K = n_k.shape[0]
+    use_tree = K >= TREE_MIN_TOPICS
+    top = 1
+    while top * 2 <= K:
+        top *= 2
     X = 0.0
     w_prev = -1
     for i in range(t0, t1):
@@ -111,63 +199,67 @@ def sample_sparse(t0, t1, tok_row, tok_doc, z, n_dk, n_wk, n_k, u, alpha, beta, 
                 phi[j] = (n_wk[w, j] + beta) / (n_k[j] + vbeta)
                 X += phi[j]
             X *= alpha
+            if use_tree:
+                _fenwick_build(tree, phi)
             w_prev = w
         k = z[i]
-        n_dk[d, k] -= 1
+        base = dnz_ptr[d]
+        nd = _dnz_decrement(dnz, base, dnz_cnt[d], k)
         n_wk[w, k] -= 1
         n_k[k] -= 1
-        if n_dk[d, k] == 0:
-            _dnz_remove(dnz_topics, dnz_ptr, dnz_cnt, d, k)
         old = phi[k]
         phi[k] = (n_wk[w, k] + beta) / (n_k[k] + vbeta)
         X += alpha * (phi[k] - old)
-        base = dnz_ptr[d]
-        nd = dnz_cnt[d]
+        if use_tree:
+            _fenwick_add(tree, k, phi[k] - old)
         Y = 0.0
         for j in range(nd):
-            t = dnz_topics[base + j]
-            Y += n_dk[d, t] * phi[t]
+            Y += dnz[base + j, 1] * phi[dnz[base + j, 0]]
             ybuf[j] = Y
         target = u[i - t0] * (X + Y)
         if target < Y:
-            k = dnz_topics[base + nd - 1]
+            jk = nd - 1
             for j in range(nd):
                 if target < ybuf[j]:
-                    k = dnz_topics[base + j]
+                    jk = j
                     break
+            k = dnz[base + jk, 0]
+            dnz[base + jk, 1] += 1
         else:
             target = (target - Y) / alpha
-            k = K - 1
-            acc = 0.0
-            for j in range(K):
-                acc += phi[j]
-                if target < acc:
-                    k = j
-                    break
+            if use_tree:
+                k = _fenwick_search(tree, target, top)
+            else:
+                k = K - 1
+                acc = 0.0
+                for j in range(K):
+                    acc += phi[j]
+                    if target < acc:
+                        k = j
+                        break
+            nd = _dnz_increment(dnz, base, nd, k)
+        dnz_cnt[d] = nd
         z[i] = k
-        if n_dk[d, k] == 0:
-            dnz_topics[base + nd] = k
-            dnz_cnt[d] = nd + 1
-        n_dk[d, k] += 1
         n_wk[w, k] += 1
         n_k[k] += 1
         old = phi[k]
         phi[k] = (n_wk[w, k] + beta) / (n_k[k] + vbeta)
         X += alpha * (phi[k] - old)
+        if use_tree:
+            _fenwick_add(tree, k, phi[k] - old)
 
 
 @njit(cache=True, nogil=True)
-def doc_loglik(n_dk, doc_len, alpha, dnz_ptr, dnz_topics, dnz_cnt):
+def doc_loglik(doc_len, n_topics, alpha, dnz_ptr, dnz, dnz_cnt):
     """sum_d [lgG(K a) - lgG(N_d + K a) + sum_k (lgG(n_dk + a) - lgG(a))] (nonzeros only)."""
-    D, K = n_dk.shape
     lg_a = math.lgamma(alpha)
-    lg_ka = math.lgamma(K * alpha)
+    lg_ka = math.lgamma(n_topics * alpha)
     total = 0.0
-    for d in range(D):
-        total += lg_ka - math.lgamma(doc_len[d] + K * alpha)
+    for d in range(doc_len.shape[0]):
+        total += lg_ka - math.lgamma(doc_len[d] + n_topics * alpha)
         base = dnz_ptr[d]
         for j in range(dnz_cnt[d]):
-            total += math.lgamma(n_dk[d, dnz_topics[base + j]] + alpha) - lg_a
+            total += math.lgamma(dnz[base + j, 1] + alpha) - lg_a
     return total
 
 

@@ -110,24 +110,17 @@ class LDAProgram(Program):
         Kt = self.n_topics
         z = np.random.default_rng([self.seed, 2, p]).integers(0, Kt, len(tok_doc)).astype(
             np.int32)
-        n_dk = np.zeros((len(doc_len), Kt), dtype=np.int32)
-        np.add.at(n_dk, (tok_doc, z), 1)
-        cap = np.minimum(doc_len, Kt)
-        dnz_ptr = np.zeros(len(doc_len) + 1, dtype=np.int64)
-        np.cumsum(cap, out=dnz_ptr[1:])
-        dnz_topics = np.zeros(max(int(dnz_ptr[-1]), 1), dtype=np.int32)
-        dnz_cnt = np.zeros(len(doc_len), dtype=np.int32)
-        K.build_doc_topics(n_dk, dnz_ptr, dnz_topics, dnz_cnt)
+        dnz_ptr, dnz, dnz_cnt = K.doc_topic_lists(tok_doc, z, len(doc_len), Kt)
         sizes = block_sizes(block, P)
         n_k = np.bincount(z, minlength=Kt).astype(np.int64)
         return {"p": p, "P": P, "tok_doc": tok_doc, "tok_row": tok_row, "z": z,
-                "block_ptr": block_ptr, "doc_len": doc_len, "n_dk": n_dk,
-                "dnz_ptr": dnz_ptr, "dnz_topics": dnz_topics, "dnz_cnt": dnz_cnt,
+                "block_ptr": block_ptr, "doc_len": doc_len,
+                "dnz_ptr": dnz_ptr, "dnz": dnz, "dnz_cnt": dnz_cnt,
                 "sizes": sizes, "local_nk": n_k,
                 # the block this partition starts with: its own, empty
                 "held": (p, np.zeros((int(sizes[p]), Kt), dtype=np.int32)),
                 "inbox": {}, "n_k": None,
-                "phi": np.empty(Kt), "buf": np.empty(Kt)}
+                "phi": np.empty(Kt), "buf": np.empty(Kt), "tree": np.empty(Kt + 1)}
 
     def receive(self, s, round, src, payload):
         # the block for round + 1; it may arrive before this partition took the block of
@@ -164,17 +157,17 @@ class LDAProgram(Program):
         u = round_uniforms(self.seed, round, s["p"], t1 - t0)
         vbeta = self.n_words * self.beta
         if self.sampler == "sparse":
-            K.sample_sparse(t0, t1, s["tok_row"], s["tok_doc"], s["z"], s["n_dk"], table, n_k,
-                            u, self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz_topics"],
-                            s["dnz_cnt"], s["phi"], s["buf"])
+            K.sample_sparse(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table, n_k, u,
+                            self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz"], s["dnz_cnt"],
+                            s["phi"], s["buf"], s["tree"])
         else:
-            K.sample_dense(t0, t1, s["tok_row"], s["tok_doc"], s["z"], s["n_dk"], table, n_k,
-                           u, self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz_topics"],
-                           s["dnz_cnt"], s["buf"])
+            K.sample_dense(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table, n_k, u,
+                           self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz"], s["dnz_cnt"],
+                           s["phi"], s["buf"])
         partial = {"dn_k": n_k - before, "tokens": t1 - t0}
         if plan["last"]:
-            partial["ll_doc"] = K.doc_loglik(s["n_dk"], s["doc_len"], self.alpha,
-                                             s["dnz_ptr"], s["dnz_topics"], s["dnz_cnt"])
+            partial["ll_doc"] = K.doc_loglik(s["doc_len"], self.n_topics, self.alpha,
+                                             s["dnz_ptr"], s["dnz"], s["dnz_cnt"])
             partial["ll_word"] = K.word_loglik(table, self.beta)
         return Sends(partial, {dest: (b, table)})
 
@@ -196,7 +189,7 @@ class LDAProgram(Program):
         r, b, table = self._next_block(s)
         # the documents' topic lists too: their order is part of the sparse sampler's state
         out = {"z": s["z"], "block_id": np.array([b, r]), "block": table,
-               "dnz_topics": s["dnz_topics"], "dnz_cnt": s["dnz_cnt"]}
+               "dnz_topics": s["dnz"][:, 0], "dnz_cnt": s["dnz_cnt"]}
         if s["n_k"] is not None:
             out["n_k"] = s["n_k"]
         return out
@@ -207,10 +200,26 @@ class LDAProgram(Program):
             raise ValueError(f"checkpoint 'z' has {z.shape[0]} tokens, this partition "
                              f"has {s['z'].shape[0]}")
         s["z"][:] = z
-        s["n_dk"][:] = 0
-        np.add.at(s["n_dk"], (s["tok_doc"], s["z"]), 1)
-        s["dnz_topics"][:] = arrays["dnz_topics"]
-        s["dnz_cnt"][:] = arrays["dnz_cnt"]
+        # the lists' order comes from the checkpoint, their counts from the assignments
+        topics = np.asarray(arrays["dnz_topics"], dtype=np.int32)
+        cnt = np.asarray(arrays["dnz_cnt"], dtype=np.int32)
+        if topics.shape != (s["dnz"].shape[0],) or cnt.shape != s["dnz_cnt"].shape:
+            raise ValueError("checkpoint document-topic lists do not match this partition")
+        Kt = self.n_topics
+        keys, counts = np.unique(s["tok_doc"].astype(np.int64) * Kt + s["z"],
+                                 return_counts=True)
+        docs = np.repeat(np.arange(len(cnt)), cnt)
+        slots = s["dnz_ptr"][docs] + np.arange(len(docs)) - np.repeat(
+            np.cumsum(cnt) - cnt, cnt)
+        want = docs * Kt + topics[slots]
+        at = np.searchsorted(keys, want)
+        if len(want) != len(keys) or not np.array_equal(keys[np.minimum(at, len(keys) - 1)],
+                                                        want):
+            raise ValueError("checkpoint document-topic lists do not match its assignments")
+        s["dnz"][:] = 0
+        s["dnz"][slots, 0] = topics[slots]
+        s["dnz"][slots, 1] = counts[at]
+        s["dnz_cnt"][:] = cnt
         s["local_nk"] = np.bincount(s["z"], minlength=self.n_topics).astype(np.int64)
         b, r = (int(v) for v in arrays["block_id"])
         table = np.array(arrays["block"], dtype=np.int32)
@@ -223,14 +232,17 @@ class LDAProgram(Program):
     def check_counts(self, s) -> dict:
         """Count invariants of this partition (for tests): doc-topic rows sum to document
         lengths, no negative counts, the nonzero-topic lists match ``n_dk``."""
-        n_dk = s["n_dk"]
-        ok_len = bool(np.array_equal(n_dk.sum(axis=1), s["doc_len"]))
-        lists = all(sorted(s["dnz_topics"][s["dnz_ptr"][d]:s["dnz_ptr"][d] + s["dnz_cnt"][d]])
-                    == list(np.flatnonzero(n_dk[d])) for d in range(n_dk.shape[0]))
+        n_dk = np.zeros((len(s["doc_len"]), self.n_topics), dtype=np.int64)
+        np.add.at(n_dk, (s["tok_doc"], s["z"]), 1)
+        lists = K.doc_topic_counts(s["dnz_ptr"], s["dnz"], s["dnz_cnt"], self.n_topics)
+        ok_len = bool(np.array_equal(lists.sum(axis=1), s["doc_len"]))
+        lists_ok = bool(np.array_equal(lists, n_dk)) and all(
+            len(set(s["dnz"][s["dnz_ptr"][d]:s["dnz_ptr"][d] + s["dnz_cnt"][d], 0]))
+            == s["dnz_cnt"][d] for d in range(len(s["doc_len"])))
         _, b, table = self._next_block(s)
-        return {"doc_lengths": ok_len, "nonnegative": bool(n_dk.min(initial=0) >= 0
+        return {"doc_lengths": ok_len, "nonnegative": bool(lists.min(initial=0) >= 0
                                                           and table.min(initial=0) >= 0),
-                "doc_topic_lists": lists, "block": int(b), "block_counts": table.sum(axis=1),
+                "doc_topic_lists": lists_ok, "block": int(b), "block_counts": table.sum(axis=1),
                 "local_n_k": np.bincount(s["z"], minlength=self.n_topics)}
 
     # ================================================================== driver side
@@ -241,16 +253,15 @@ class LDAProgram(Program):
 
     def partition_nbytes(self, spec):
         ds = self.dataset
-        bounds = getattr(ds, "row_bounds", None)
-        if bounds is None:
+        if not hasattr(ds, "shard_nnz"):
             return None
-        docs = int(sum(bounds[k + 1] - bounds[k] for k in spec["shards"]))
+        entries = int(np.asarray(ds.shard_nnz())[spec["shards"]].sum())
         P = spec["n_parts"]
         block_rows = math.ceil(self.n_words / P)
-        # doc-topic counts, two word blocks at a time (held + arriving), word maps; the tokens
-        # (about 20 bytes each) are not known from the metadata and are left out
-        return (docs * self.n_topics * 4 + 2 * block_rows * self.n_topics * 4
-                + self.n_words * 8)
+        # per token: document, word row, topic (and the sort's temporaries) plus at most one
+        # [topic, count] pair; each stored entry is at least one token, so this is a lower
+        # bound; two word blocks at a time (held + arriving); the word maps
+        return (entries * 24 + 2 * block_rows * self.n_topics * 4 + self.n_words * 8)
 
     def start(self, n_partitions):
         self.driver = {"P": n_partitions, "n_k": None, "ll": math.nan, "sweep": 0,
