@@ -121,7 +121,7 @@ def test_one_worker_equals_the_serial_reference(sampler, Kt):
         lls.append(ref.log_joint(n_dk, n_wk, alpha, beta))
     np.testing.assert_array_equal(prog.driver["z"][0], z)
     _, row = word_blocks(X.shape[1], 1, seed)
-    np.testing.assert_array_equal(prog.driver["n_wk"], n_wk[row])
+    np.testing.assert_array_equal(prog.driver["n_kw"].T, n_wk[row])
     got = [h["log_likelihood"] for h in res.history[1:]]
     np.testing.assert_allclose(got, lls, rtol=1e-10)
 

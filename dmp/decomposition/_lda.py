@@ -113,7 +113,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
     components_ : ndarray of shape (n_components, n_features)
         Topic-word pseudo-counts ``n_kw + beta`` (as scikit-learn's: normalise each row for
         the topic-word distributions).
-    topic_word_counts_ : ndarray of int64, shape (n_components, n_features)
+    topic_word_counts_ : ndarray of int32, shape (n_components, n_features)
     doc_topic_prior_, topic_word_prior_ : float
     log_likelihood_ : float
         ``log p(w, z)`` of the final state (Griffiths and Steyvers).
@@ -263,8 +263,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
             if tmpdir is not None:
                 shutil.rmtree(tmpdir, ignore_errors=True)
         dr = program.driver
-        n_wk = dr["n_wk"]
-        self.topic_word_counts_ = np.ascontiguousarray(n_wk.T)
+        self.topic_word_counts_ = dr["n_kw"]
         self.components_ = self.topic_word_counts_ + beta
         self.doc_topic_prior_, self.topic_word_prior_ = alpha, beta
         self.log_likelihood_ = float(dr["ll"])

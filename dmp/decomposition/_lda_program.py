@@ -334,13 +334,13 @@ class LDAProgram(Program):
         dr["t_sweep"] = time.perf_counter()
 
     def finish(self, partition_arrays):
-        """Assemble ``n_wk`` (words x topics) from the blocks and the topic assignments."""
+        """Assemble the topic-word counts ``n_kw`` (topics x words, int32: built in place,
+        no words x topics copy) from the blocks, and collect the topic assignments."""
         P = self.driver["P"]
-        block, row = word_blocks(self.n_words, P, self.seed)
-        n_wk = np.zeros((self.n_words, self.n_topics), dtype=np.int64)
+        block, _ = word_blocks(self.n_words, P, self.seed)
+        n_kw = np.zeros((self.n_topics, self.n_words), dtype=np.int32)
         for arrays in partition_arrays:
             b = int(arrays["block_id"][0])
-            words = np.flatnonzero(block == b)
-            n_wk[words] = arrays["block"]
-        self.driver["n_wk"] = n_wk
+            n_kw[:, np.flatnonzero(block == b)] = np.asarray(arrays["block"]).T
+        self.driver["n_kw"] = n_kw
         self.driver["z"] = [np.asarray(a["z"]) for a in partition_arrays]

@@ -1,0 +1,54 @@
+"""The point of model parallelism, shown: an LDA word-topic table larger than one Dask worker's
+memory limit is trained across workers, none of whose resident memory ever reaches the limit."""
+
+import logging
+import resource
+
+import numpy as np
+import pytest
+
+from dmp.decomposition import LatentDirichletAllocation
+from dmp.engine.backends.base import InsufficientMemoryError
+from dmp.io.synthetic import make_lda_corpus
+
+MIB = 2**20
+
+
+def _peak_rss() -> int:
+    # Linux: ru_maxrss is the process's high-water mark of resident memory, in KiB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@pytest.mark.slow
+@pytest.mark.dask
+def test_word_topic_table_larger_than_a_worker_memory_limit():
+    from distributed import Client, LocalCluster
+
+    V, Kt, P = 131_072, 2_048, 5
+    limit = 950 * MIB
+    table = V * Kt * 4                                   # int32 word-topic counts: 1 GiB
+    assert table > limit
+    X = make_lda_corpus(n_docs=2_000, n_words=V, n_topics=20, doc_len=100, seed=3)[0]
+    with LocalCluster(n_workers=P, threads_per_worker=1, processes=True, memory_limit=limit,
+                      dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+            Client(cluster) as client:
+        # four blocks of 256 MiB (two at a time while they rotate) do not fit: refused early
+        with pytest.raises(InsufficientMemoryError, match="at least 5 workers"):
+            LatentDirichletAllocation(Kt, max_iter=1, backend=client, n_workers=4,
+                                      random_state=0, show_progress=False).fit(X)
+        lda = LatentDirichletAllocation(Kt, max_iter=1, backend=client, random_state=0,
+                                        show_progress=False).fit(X)
+        peaks = client.run(_peak_rss)
+        assert len(peaks) == P                           # no worker was restarted or lost
+    assert lda.recoveries_ == [] and lda.history_["worker_losses"].max() == 0
+    # every worker held at most its share (its block and the one arriving), never the table
+    assert max(peaks.values()) < limit, {w: p // MIB for w, p in peaks.items()}
+    # the blocks really moved worker to worker: each sub-round every partition sent its
+    # block (V / P rows of K int32) to its neighbour
+    ring = lda.history_["bytes_ring"]
+    assert ring.shape == (P * 2,)
+    np.testing.assert_allclose(ring, table, rtol=0.01)
+    # and the model is the corpus's: counts per word, finite likelihood
+    np.testing.assert_array_equal(lda.topic_word_counts_.sum(axis=0),
+                                  np.asarray(X.sum(axis=0)).ravel())
+    assert lda.topic_word_counts_.shape == (Kt, V) and np.isfinite(lda.log_likelihood_)
