@@ -185,7 +185,7 @@ def plot_training(history, *, path=None, metric: str = "objective", title: str |
         raise ValueError("history is empty: fit the estimator first")
     if metric not in history:
         raise ValueError(f"history has no {metric!r}; it has "
-                         f"{', '.join(k for k in history if k not in ('push_s', 'idle_s'))}")
+                         f"{', '.join(k for k in history if k not in ('push_s', 'idle_s', 'ring_s'))}")
     rounds = np.asarray(history["round"])
     y = np.asarray(history[metric], dtype=float)
     fig, axes = plt.subplots(2, 2, figsize=(12, 7))

@@ -172,6 +172,30 @@ def test_blocks_move_partition_to_partition_and_bytes_are_counted():
     assert list(h["phase"][:3]) == ["count"] * 3 and set(h["phase"][3:]) == {"sample"}
 
 
+def test_mostly_zero_blocks_travel_as_their_nonzeros():
+    from dmp.decomposition._lda_program import pack_block, unpack_block
+    from dmp.engine.comm import payload_nbytes
+
+    rng = np.random.default_rng(0)
+    sparse_table = np.where(rng.random((300, 400)) < 0.02, rng.integers(1, 9, (300, 400)), 0)
+    sparse_table = sparse_table.astype(np.int32)
+    packed = pack_block(sparse_table)
+    nnz = np.count_nonzero(sparse_table)
+    assert payload_nbytes(packed) == nnz * 8 + 2 * 8      # positions, counts, the shape
+    np.testing.assert_array_equal(unpack_block(packed), sparse_table)
+    dense_table = rng.integers(0, 3, (30, 40)).astype(np.int32)      # two thirds nonzero
+    assert pack_block(dense_table) is dense_table and unpack_block(dense_table) is dense_table
+    empty = np.zeros((5, 7), dtype=np.int32)
+    np.testing.assert_array_equal(unpack_block(pack_block(empty)), empty)
+    # in a fit at large K the ring carries far less than the dense blocks, same result
+    X, _, _ = lda_corpus(n_docs=60, n_words=90, n_topics=5, doc_len=30, seed=3)
+    kw = dict(max_iter=2, backend="local", n_workers=3, random_state=0)
+    lda = LatentDirichletAllocation(400, **kw).fit(X)
+    assert np.all(lda.history_["bytes_ring"] < 90 * 400 * 4 / 4)
+    np.testing.assert_array_equal(lda.topic_word_counts_.sum(axis=0),
+                                  np.asarray(X.sum(axis=0)).ravel())
+
+
 # ---------------------------------------------------------------- quality
 @pytest.mark.slow
 def test_recovers_the_true_topics_and_matches_the_numpy_reference():

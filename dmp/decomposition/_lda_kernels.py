@@ -264,6 +264,25 @@ def doc_loglik(doc_len, n_topics, alpha, dnz_ptr, dnz, dnz_cnt):
 
 
 @njit(cache=True, nogil=True)
+def pack_nonzero(flat, idx, val):
+    """Positions and values of the nonzeros of ``flat`` into ``idx`` / ``val`` (sized by
+    ``np.count_nonzero``)."""
+    n = 0
+    for i in range(flat.shape[0]):
+        if flat[i] != 0:
+            idx[n] = i
+            val[n] = flat[i]
+            n += 1
+    return n
+
+
+@njit(cache=True, nogil=True)
+def unpack_nonzero(idx, val, flat):
+    for j in range(idx.shape[0]):
+        flat[idx[j]] = val[j]
+
+
+@njit(cache=True, nogil=True)
 def word_loglik(n_wk, beta):
     """sum over the block's rows and topics of lgG(n_wk + b) - lgG(b) (nonzeros only)."""
     lg_b = math.lgamma(beta)

@@ -68,6 +68,27 @@ def expand_tokens(indptr, indices, data, block, row, n_blocks):
     return tok_doc, tok_row, tok_word, block_ptr, doc_len
 
 
+def pack_block(table: np.ndarray):
+    """A word block as it travels: its nonzeros (position, count) when that is less than half
+    the dense bytes -- at large K most word-topic counts are zero -- else the block itself."""
+    flat = table.reshape(-1)
+    nnz = int(np.count_nonzero(flat))
+    if nnz * 8 >= flat.nbytes // 2:
+        return table
+    idx = np.empty(nnz, dtype=np.int32 if flat.size < 2**31 else np.int64)
+    val = np.empty(nnz, dtype=table.dtype)
+    K.pack_nonzero(flat, idx, val)
+    return {"shape": table.shape, "idx": idx, "val": val}
+
+
+def unpack_block(packed) -> np.ndarray:
+    if isinstance(packed, np.ndarray):
+        return packed
+    table = np.zeros(packed["shape"], dtype=packed["val"].dtype)
+    K.unpack_nonzero(packed["idx"], packed["val"], table.reshape(-1))
+    return table
+
+
 class LDAProgram(Program):
     """Driver and worker logic of word-rotation LDA (see the module docstring).
 
@@ -125,7 +146,8 @@ class LDAProgram(Program):
     def receive(self, s, round, src, payload):
         # the block for round + 1; it may arrive before this partition took the block of
         # round `round` (a faster neighbour), so the inbox is keyed by round
-        s["inbox"][round] = payload
+        b, packed = payload
+        s["inbox"][round] = (b, unpack_block(packed))
 
     def _take_block(self, s, round):
         if round > 0:
@@ -151,7 +173,7 @@ class LDAProgram(Program):
         if plan["kind"] == "count":
             K.count_block(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table)
             partial = {"n_k": s["local_nk"].copy()} if round == 0 else {}
-            return Sends(partial, {dest: (b, table)})
+            return Sends(partial, {dest: (b, pack_block(table))})
         n_k = s["n_k"]
         before = n_k.copy()
         u = round_uniforms(self.seed, round, s["p"], t1 - t0)
@@ -169,7 +191,7 @@ class LDAProgram(Program):
             partial["ll_doc"] = K.doc_loglik(s["doc_len"], self.n_topics, self.alpha,
                                              s["dnz_ptr"], s["dnz"], s["dnz_cnt"])
             partial["ll_word"] = K.word_loglik(table, self.beta)
-        return Sends(partial, {dest: (b, table)})
+        return Sends(partial, {dest: (b, pack_block(table))})
 
     def apply(self, s, update):
         s["n_k"] = np.array(update, dtype=np.int64)

@@ -188,6 +188,8 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
                            "bytes_schedule": b_sched, "bytes_push": payload_nbytes(partials),
                            "bytes_pull": b_bcast,
                            "bytes_ring": sum(res.get("bytes_ring", 0) for res in results),
+                           # seconds each partition spent handing its ring messages over
+                           "ring_s": [res.get("ring_s", 0.0) for res in results],
                            # losses recovered from before this round ran (details in
                            # RunResult.recoveries / the estimators' recoveries_)
                            "worker_losses": len(recoveries)}

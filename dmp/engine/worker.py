@@ -140,10 +140,14 @@ class PartitionWorker:
         partial = self.program.push(self.state, plan)
         push_s = time.perf_counter() - t0
         ring = 0
+        ring_s = 0.0
         if isinstance(partial, Sends):
+            t1 = time.perf_counter()
             ring = self._send_all(round, partial.messages)
+            ring_s = time.perf_counter() - t1
             partial = partial.partial
-        return {"partial": partial, "push_s": push_s, "round": round, "bytes_ring": ring}
+        return {"partial": partial, "push_s": push_s, "round": round, "bytes_ring": ring,
+                "ring_s": ring_s}
 
     def apply(self, update) -> None:
         if update is not None:

@@ -59,7 +59,8 @@ class FitView:
         first = fit.rounds[-1] if fit.rounds else {}
         self.primary = fit.primary_metric
         self.metric_keys = [k for k, v in first.items()
-                            if k not in ("round", "time", "round_s", "push_s", "idle_s", "kind")
+                            if k not in ("round", "time", "round_s", "push_s", "idle_s", "ring_s",
+                                         "kind")
                             and not k.startswith("bytes_") and k not in _NOT_PLOTTED
                             and k not in _SCHEDULE_KEYS and not k.startswith("sched_")
                             and k != self.primary

@@ -11,7 +11,7 @@ import time
 from collections import OrderedDict, deque
 
 # per-round keys that are bookkeeping, not metrics to plot or export
-_NOT_METRICS = {"round", "time", "round_s", "push_s", "idle_s", "kind", "fit"}
+_NOT_METRICS = {"round", "time", "round_s", "push_s", "idle_s", "ring_s", "kind", "fit"}
 
 
 def _is_number(v) -> bool:
