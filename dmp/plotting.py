@@ -184,8 +184,8 @@ def plot_training(history, *, path=None, metric: str = "objective", title: str |
     if not len(history) or "round" not in history:
         raise ValueError("history is empty: fit the estimator first")
     if metric not in history:
-        raise ValueError(f"history has no {metric!r}; it has "
-                         f"{', '.join(k for k in history if k not in ('push_s', 'idle_s', 'ring_s'))}")
+        scalars = [k for k in history if k not in ("push_s", "idle_s", "ring_s")]
+        raise ValueError(f"history has no {metric!r}; it has {', '.join(scalars)}")
     rounds = np.asarray(history["round"])
     y = np.asarray(history[metric], dtype=float)
     fig, axes = plt.subplots(2, 2, figsize=(12, 7))
