@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """LDA benchmark: ``dmp.decomposition.LatentDirichletAllocation`` (STRADS word rotation,
-collapsed Gibbs) against tomotopy (1 and 2 threads) and the ``lda`` package, in one run.
+collapsed Gibbs) against tomotopy (1 and 2 threads), the ``lda`` package and gensim's
+``LdaMulticore`` (variational), in one run.
 
 Run from the repository root with the project's environment (the references are the ``bench``
 extra: ``pip install -e ".[bench]"``)::
@@ -90,9 +91,11 @@ def run_dmp(X, K, sweeps, mode):
     times = np.diff(np.concatenate([[h["time"][P - 1]], h["time"][sweep_ends]]))
     phi = est.components_ / est.components_.sum(axis=1, keepdims=True)
     theta = est.transform(X)
+    trace = [(float(t - h["time"][P - 1]), float(ll))
+             for t, ll in zip(h["time"][sweep_ends], h["ll_per_token"][sweep_ends])]
     return {"sweep_s": float(np.median(times)), "wall_s": wall,
             "own_ll": est.log_likelihood_ / est.n_tokens_,
-            "common_ll": common_ll(X, theta, phi), "cores": P}
+            "common_ll": common_ll(X, theta, phi), "cores": P, "trace": trace}
 
 
 def run_tomotopy(X, K, sweeps, threads):
@@ -107,11 +110,12 @@ def run_tomotopy(X, K, sweeps, threads):
         mdl.add_doc([str(w) for w in np.repeat(idx, cnt)])
     scheme = tp.ParallelScheme.NONE if threads == 1 else tp.ParallelScheme.PARTITION
     mdl.train(0, workers=threads, parallel=scheme)
-    times = []
+    times, trace = [], []
     for _ in range(sweeps):
         t0 = time.perf_counter()
         mdl.train(1, workers=threads, parallel=scheme)
         times.append(time.perf_counter() - t0)
+        trace.append((float(np.sum(times)), float(mdl.ll_per_word)))   # outside the timing
     vocab = [int(w) for w in mdl.used_vocabs]
     phi = np.full((K, X.shape[1]), 1e-12)
     for k in range(K):
@@ -119,7 +123,7 @@ def run_tomotopy(X, K, sweeps, threads):
     theta = np.array([doc.get_topic_dist() for doc in mdl.docs])
     return {"sweep_s": float(np.median(times)), "wall_s": float(np.sum(times)),
             "own_ll": float(mdl.ll_per_word), "common_ll": common_ll(C, theta, phi),
-            "cores": threads}
+            "cores": threads, "trace": trace}
 
 
 def _import_lda_package():
@@ -146,8 +150,42 @@ def run_lda_package(X, K, sweeps):
     m.fit(X.astype(np.int64))
     wall = time.perf_counter() - t0
     n = X.sum()
+    # lda records log p(w, z) every `refresh` iterations; their times are pro rata
+    every = max(sweeps // 10, 1)
+    trace = [((i * every + 1) / sweeps * wall, float(ll / n))
+             for i, ll in enumerate(m.loglikelihoods_)]
     return {"sweep_s": wall / sweeps, "wall_s": wall, "own_ll": float(m.loglikelihood() / n),
-            "common_ll": common_ll(X, m.doc_topic_, m.topic_word_), "cores": 1}
+            "common_ll": common_ll(X, m.doc_topic_, m.topic_word_), "cores": 1,
+            "trace": trace}
+
+
+def run_gensim(X, K, passes, workers):
+    """gensim's LdaMulticore (online variational Bayes; ``passes`` full passes over the
+    corpus, one worker process per core).  Its own bound is not log p(w, z): only the common
+    log predictive is compared."""
+    from gensim.matutils import Sparse2Corpus
+    from gensim.models import LdaMulticore
+
+    logging.getLogger("gensim").setLevel(logging.WARNING)
+    corpus = list(Sparse2Corpus(X.tocsc().astype(np.int64), documents_columns=False))
+    t0 = time.perf_counter()
+    m = LdaMulticore(corpus, num_topics=K, id2word={i: str(i) for i in range(X.shape[1])},
+                     workers=workers, passes=passes, alpha=np.full(K, ALPHA), eta=BETA,
+                     random_state=0, eval_every=None, chunksize=2000)
+    wall = time.perf_counter() - t0
+    gamma, _ = m.inference(corpus)
+    theta = gamma / gamma.sum(axis=1, keepdims=True)
+    phi = m.get_topics()
+    return {"sweep_s": wall / passes, "wall_s": wall, "own_ll": float("nan"),
+            "common_ll": common_ll(X, theta, phi), "cores": workers}
+
+
+def time_to_ll(trace, target):
+    """Seconds until a run's own log p(w, z) per token first reaches ``target``."""
+    for t, ll in trace:
+        if ll >= target:
+            return t
+    return float("nan")
 
 
 def main():
@@ -157,6 +195,8 @@ def main():
     ap.add_argument("--topics", type=int, nargs="+", default=None)
     ap.add_argument("--sweeps", type=int, default=None)
     ap.add_argument("--skip", nargs="*", default=[], help="runs to skip, e.g. lda dask-2")
+    ap.add_argument("--gensim-passes", type=int, default=5,
+                    help="passes of gensim's LdaMulticore (variational, slow at large K)")
     args = ap.parse_args()
     topics = args.topics or ([20] if args.quick else [100, 1000])
     info = machine_info()
@@ -176,7 +216,9 @@ def main():
                 ("dmp dask-2", lambda: run_dmp(X, K, sweeps, "dask-2")),
                 ("tomotopy 1T", lambda: run_tomotopy(X, K, sweeps, 1)),
                 ("tomotopy 2T", lambda: run_tomotopy(X, K, sweeps, 2)),
-                ("lda", lambda: run_lda_package(X, K, sweeps))]
+                ("lda", lambda: run_lda_package(X, K, sweeps)),
+                ("gensim 1W", lambda: run_gensim(X, K, args.gensim_passes, 1)),
+                ("gensim 2W", lambda: run_gensim(X, K, args.gensim_passes, 2))]
         for name, fn in plan:
             if any(s in name for s in args.skip):
                 continue
@@ -199,6 +241,16 @@ def main():
         if "dmp dask-1" in runs and "dmp dask-2" in runs:
             ratios["speed-up 2 vs 1 workers (target >= 1.7)"] = \
                 runs["dmp dask-1"]["sweep_s"] / runs["dmp dask-2"]["sweep_s"]
+        # time to a common log-likelihood: the lowest final log p(w, z) per token among the
+        # collapsed Gibbs runs, which every one of them reaches
+        gibbs = {n: r for n, r in runs.items() if r.get("trace")}
+        if gibbs:
+            target = min(r["trace"][-1][1] for r in gibbs.values())
+            print(f"  seconds to reach log p(w, z)/token {target:.4f}: " + ", ".join(
+                f"{n} {time_to_ll(r['trace'], target):.2f}" for n, r in gibbs.items()))
+            for n, r in gibbs.items():
+                r["s_to_target"] = time_to_ll(r["trace"], target)
+            ratios["target LL for time-to-LL"] = target
         for k, v in ratios.items():
             print(f"  {k}: {v:.3f}")
         results["runs"][str(K)] = {"sweeps": sweeps, "runs": runs, "ratios": ratios}

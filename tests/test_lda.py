@@ -137,7 +137,7 @@ def test_count_invariants_after_every_sub_round(P):
     prog = LDAProgram(InMemorySparseRowDataset(X, np.zeros(60), n_shards=P), n_topics=5,
                       alpha=0.1, beta=0.05, n_sweeps=3, sampler="sparse", seed=0)
     backend = LocalBackend(P)
-    block, _ = word_blocks(X.shape[1], P, 0)
+    block, _ = word_blocks(X.shape[1], P, 0, freq)
     seen = []
 
     def check(round, metrics):
@@ -170,6 +170,26 @@ def test_blocks_move_partition_to_partition_and_bytes_are_counted():
     # only the topic totals pass the driver: K int64 per partition each way
     assert np.all(h["bytes_pull"][1:] == 3 * 5 * 8)
     assert list(h["phase"][:3]) == ["count"] * 3 and set(h["phase"][3:]) == {"sample"}
+
+
+def test_word_blocks_balance_tokens():
+    rng = np.random.default_rng(0)
+    V, P = 5000, 4
+    freq = np.floor(2e5 / np.arange(1, V + 1) ** 1.1).astype(np.int64)   # Zipf-like
+    rng.shuffle(freq)
+    block, row = word_blocks(V, P, 3, freq)
+    sizes = np.bincount(block, minlength=P)
+    assert sizes.max() - sizes.min() <= 1                      # words per block: even
+    for b in range(P):                                         # rows: word-id order
+        np.testing.assert_array_equal(row[block == b], np.arange(sizes[b]))
+    tokens = np.bincount(block, weights=freq, minlength=P)
+    # snake dealing: blocks differ by at most about the heaviest word
+    assert tokens.max() - tokens.min() <= freq.max()
+    random_deal, _ = word_blocks(V, P, 3)
+    rand_tokens = np.bincount(random_deal, weights=freq, minlength=P)
+    assert np.ptp(tokens) < np.ptp(rand_tokens)
+    # the same on every partition: a function of its arguments
+    np.testing.assert_array_equal(word_blocks(V, P, 3, freq)[0], block)
 
 
 def test_mostly_zero_blocks_travel_as_their_nonzeros():
@@ -219,8 +239,9 @@ def test_recovers_the_true_topics_and_matches_the_numpy_reference():
 
 
 def test_sparse_and_dense_samplers_reach_the_same_likelihood():
-    """Same conditional, different chains: the median over four seeds of the final
-    log-likelihood per token agree (a single chain can sit in a worse mode for a while)."""
+    """Same conditional, different chains: the median over eight seeds of the final
+    log-likelihood per token agree (a chain can sit in a worse mode for a while: about one in
+    five here, at -4.09 or -4.19 against -4.03)."""
     X, _, _ = lda_corpus(n_docs=200, n_words=300, n_topics=6, doc_len=50, seed=5)
     lls = {}
     for sampler in ("sparse", "dense"):
@@ -228,7 +249,7 @@ def test_sparse_and_dense_samplers_reach_the_same_likelihood():
             LatentDirichletAllocation(6, doc_topic_prior=0.1, topic_word_prior=0.05,
                                       max_iter=80, sampler=sampler, backend="local",
                                       n_workers=2, random_state=seed).fit(X)
-            .history_["ll_per_token"][-20:].mean() for seed in range(4)])
+            .history_["ll_per_token"][-20:].mean() for seed in range(8)])
     assert abs(lls["sparse"] - lls["dense"]) <= 0.002 * abs(lls["dense"])
 
 

@@ -2,7 +2,7 @@
 
 Documents are sharded over the P partitions; each owns its documents' tokens, topic
 assignments ``z`` and doc-topic counts ``n_dk``.  The vocabulary is dealt into P word blocks
-(a seeded shuffle dealt round-robin, as in the released STRADS code); the word-topic table
+(balanced by token count: `word_blocks`); the word-topic table
 ``n_wk`` exists only as these P blocks.  In round ``r`` partition ``p`` holds block
 ``(p + r) mod P`` exclusively, works on its own tokens of those words, and hands the block to
 partition ``p - 1`` (`Sends`: actor to actor) -- after P rounds every block has visited every
@@ -27,11 +27,24 @@ from ..engine.program import Broadcast, Program, Sends
 from . import _lda_kernels as K
 
 
-def word_blocks(n_words: int, n_blocks: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(block, row)`` of every word: a seeded shuffle dealt round-robin into ``n_blocks``
-    blocks; ``row`` is the word's position in its block (blocks keep word-id order)."""
+def word_blocks(n_words: int, n_blocks: int, seed: int,
+                weights=None) -> tuple[np.ndarray, np.ndarray]:
+    """``(block, row)`` of every word; ``row`` is the word's position in its block (blocks
+    keep word-id order).
+
+    Without ``weights``: a seeded shuffle dealt round-robin.  With ``weights`` (the words'
+    token counts): heaviest first, equal weights in seeded random order, dealt in snake order
+    (0, 1, .., P-1, P-1, .., 0) so that every block gets about the same number of tokens --
+    a sub-round lasts as long as its slowest partition.
+    """
     perm = np.random.default_rng([seed, 7]).permutation(n_words)
-    block = (perm % n_blocks).astype(np.int32)
+    if weights is None:
+        block = (perm % n_blocks).astype(np.int32)
+    else:
+        order = perm[np.argsort(-np.asarray(weights)[perm], kind="stable")]
+        cyc = np.arange(n_words) % (2 * n_blocks)
+        block = np.empty(n_words, dtype=np.int32)
+        block[order] = np.where(cyc < n_blocks, cyc, 2 * n_blocks - 1 - cyc)
     row = np.empty(n_words, dtype=np.int32)
     for b in range(n_blocks):
         words = np.flatnonzero(block == b)
@@ -119,13 +132,16 @@ class LDAProgram(Program):
         self.sampler = sampler
         self.seed = int(seed)
         self.n_words = int(dataset.shape[1])
+        # word frequencies balance the word blocks (None: a store without them, random deal)
+        sums = dataset.column_sums() if hasattr(dataset, "column_sums") else None
+        self.word_freq = None if sums is None else np.asarray(sums, dtype=np.int64)
 
     # ================================================================== worker side
     def init_partition(self, spec):
         X, _ = self.dataset.load_row_shards(spec["shards"])
         X = X.tocsr()
         P, p = spec["n_parts"], spec["index"]
-        block, row = word_blocks(self.n_words, P, self.seed)
+        block, row = word_blocks(self.n_words, P, self.seed, self.word_freq)
         tok_doc, tok_row, tok_word, block_ptr, doc_len = expand_tokens(
             X.indptr, X.indices, X.data, block, row, P)
         Kt = self.n_topics
@@ -359,7 +375,7 @@ class LDAProgram(Program):
         """Assemble the topic-word counts ``n_kw`` (topics x words, int32: built in place,
         no words x topics copy) from the blocks, and collect the topic assignments."""
         P = self.driver["P"]
-        block, _ = word_blocks(self.n_words, P, self.seed)
+        block, _ = word_blocks(self.n_words, P, self.seed, self.word_freq)
         n_kw = np.zeros((self.n_topics, self.n_words), dtype=np.int32)
         for arrays in partition_arrays:
             b = int(arrays["block_id"][0])

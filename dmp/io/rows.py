@@ -98,7 +98,7 @@ def write_sparse_rows(path, X, y, *, n_shards=None, overwrite=False,
         "dmp_format": FORMAT_VERSION, "kind": KIND, "shape": [int(n), int(p)],
         "nnz": total, "n_shards": n_shards, "row_bounds": [int(r) for r in row_bounds],
         "dtype": "float64", "complete": False, "created_by": "dmp",
-        "vocabulary": vocabulary is not None,
+        "vocabulary": vocabulary is not None, "column_sums": True,
     }
 
     def fill(g):
@@ -109,6 +109,7 @@ def write_sparse_rows(path, X, y, *, n_shards=None, overwrite=False,
                                chunks=(max(1, min(p, 1 << 20)),))
             z[:] = vocabulary
         shard_nnz = []
+        col_sums = np.zeros(p)
         for k in range(n_shards):
             M = src.block(int(row_bounds[k]), int(row_bounds[k + 1]))
             sg = g.require_group(f"shards/s{k:04d}")
@@ -116,6 +117,8 @@ def write_sparse_rows(path, X, y, *, n_shards=None, overwrite=False,
             _write_array(sg, "indices", M.indices, "int32")
             _write_array(sg, "data", M.data, "float64")
             shard_nnz.append(int(M.nnz))
+            col_sums += np.bincount(M.indices, weights=M.data, minlength=p)
+        _write_array(g, "column_sums", col_sums, "float64")
         if sum(shard_nnz) != total:
             raise DatasetError(f"X changed while being written: counted {total} nonzeros, "
                                f"wrote {sum(shard_nnz)}")
@@ -280,6 +283,22 @@ class SparseRowDataset(_StoredDataset):
             raise DatasetError(f"dataset: cannot read 'vocabulary' "
                                f"({type(e).__name__}: {e})") from None
 
+    def column_sums(self):
+        """Sum of every column (a corpus's word frequencies), or None for a store written
+        before dmp kept them."""
+        if not self._attrs_column_sums:
+            return None
+        try:
+            z = self._group()["column_sums"]
+            sums = np.asarray(z[:], dtype=np.float64)
+        except Exception as e:
+            raise DatasetError(f"dataset: cannot read 'column_sums' "
+                               f"({type(e).__name__}: {e})") from None
+        if sums.shape != (self.n_features,) or not np.all(np.isfinite(sums)):
+            raise DatasetError(f"dataset: 'column_sums' must hold {self.n_features} finite "
+                               f"values")
+        return sums
+
     def row_partition(self, n_parts: int) -> list[list[int]]:
         """Split the shards into ``n_parts`` contiguous groups of roughly equal nnz.
 
@@ -353,6 +372,10 @@ class InMemorySparseRowDataset:
     def load_y(self) -> np.ndarray:
         """Return the targets, float64 of shape (n_samples,)."""
         return self._y
+
+    def column_sums(self) -> np.ndarray:
+        """Sum of every column (a corpus's word frequencies)."""
+        return np.bincount(self._X.indices, weights=self._X.data, minlength=self.shape[1])
 
     def shard_nnz(self) -> np.ndarray:
         """Return the number of stored values per shard (int64)."""

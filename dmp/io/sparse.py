@@ -603,6 +603,11 @@ class _StoredDataset:
                 raise DatasetError(f"attribute 'vocabulary' must be true or false, "
                                    f"got {vocab!r}")
             self._attrs_vocabulary = vocab
+            sums = attrs.get("column_sums", False)
+            if not isinstance(sums, bool):
+                raise DatasetError(f"attribute 'column_sums' must be true or false, "
+                                   f"got {sums!r}")
+            self._attrs_column_sums = sums
         except (DatasetError, KeyError, TypeError, ValueError) as e:
             raise DatasetError(f"{path!r}: malformed attributes ({e})") from None
         extent = self.shape[self.AXIS]

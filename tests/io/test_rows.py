@@ -491,9 +491,31 @@ def test_complete_is_written_last(tmp_path, monkeypatch):
 
     monkeypatch.setattr(rows_mod, "_write_array", spy)
     ds = write_sparse_rows(tmp_path / "ds.zarr", X, y, n_shards=2)
-    assert len(seen) == 1 + 3 * 2 and all(c is False for _, c in seen)
+    # y, three arrays per shard, the column sums
+    assert len(seen) == 1 + 3 * 2 + 1 and all(c is False for _, c in seen)
     assert zarr.open_group(str(tmp_path / "ds.zarr"), mode="r").attrs["complete"] is True
     assert ds.nnz == X.nnz
+    np.testing.assert_allclose(ds.column_sums(), np.asarray(X.sum(axis=0)).ravel())
+
+
+def test_column_sums_missing_or_corrupt(tmp_path):
+    X, y = _random_sparse()
+    ds = write_sparse_rows(tmp_path / "ds.zarr", X, y, n_shards=2)
+    g = zarr.open_group(str(tmp_path / "ds.zarr"), mode="r+")
+    g.attrs["column_sums"] = False                   # a store from before dmp kept them
+    assert open_dataset(tmp_path / "ds.zarr").column_sums() is None
+    g.attrs["column_sums"] = "yes"
+    with pytest.raises(DatasetError, match="'column_sums' must be true or false"):
+        open_dataset(tmp_path / "ds.zarr")
+    g.attrs["column_sums"] = True
+    del g["column_sums"]
+    g.create_array("column_sums", data=np.full(3, np.nan))
+    with pytest.raises(DatasetError, match="'column_sums' must hold"):
+        open_dataset(tmp_path / "ds.zarr").column_sums()
+    del g["column_sums"]
+    with pytest.raises(DatasetError, match="cannot read 'column_sums'"):
+        open_dataset(tmp_path / "ds.zarr").column_sums()
+    assert ds.n_features == X.shape[1]
 
 
 def test_nan_in_late_dask_block_leaves_nothing(tmp_path, monkeypatch):
