@@ -23,7 +23,7 @@ check that depends on no library: the training per-token log predictive
 dmp runs: ``local`` (one partition in this process: the Numba sampler alone, the per-core
 speed) and ``dask-1`` / ``dask-2`` (an embedded LocalCluster with 1 or 2 worker processes,
 word blocks travelling between them: the model-parallel speed-up).  Writes
-``benchmarks/results/lda.json``.
+``benchmarks/results/lda-<corpus>-K<topics>.json``.
 """
 
 from __future__ import annotations
@@ -254,7 +254,8 @@ def main():
         for k, v in ratios.items():
             print(f"  {k}: {v:.3f}")
         results["runs"][str(K)] = {"sweeps": sweeps, "runs": runs, "ratios": ratios}
-    out = Path(__file__).parent / "results" / ("lda-quick.json" if args.quick else "lda.json")
+    name = "lda-quick" if args.quick else f"lda-{args.corpus}-K{'-'.join(map(str, topics))}"
+    out = Path(__file__).parent / "results" / f"{name}.json"
     out.write_text(json.dumps(results, indent=1))
     print(f"\nwrote {out}")
 

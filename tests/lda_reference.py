@@ -35,9 +35,10 @@ def dense_sweep(tok_doc, tok_word, z, n_dk, n_wk, n_k, u, alpha, beta, vbeta):
 
 
 def sparse_sweep(tok_doc, tok_word, z, n_dk, n_wk, n_k, u, alpha, beta, vbeta, doc_topics):
-    """One sweep of the two-bucket sampler; ``doc_topics[d]`` is the list of d's nonzero
-    topics, updated as the kernel does (removal swaps with the last entry, new at the end).
-    Words must come in runs (word-major order)."""
+    """One sweep of the two-bucket sampler; ``doc_topics[d]`` is the list of d's topics,
+    updated as the kernel does: the token's old topic stays listed (with its count less one)
+    during the draw; then a new topic takes the old one's place if that count is zero, else
+    goes at the end, and an old topic left at zero is replaced by the last entry.  Words must come in runs (word-major order)."""
     Kt = n_k.shape[0]
     w_prev = -1
     phi = np.zeros(Kt)
@@ -54,11 +55,8 @@ def sparse_sweep(tok_doc, tok_word, z, n_dk, n_wk, n_k, u, alpha, beta, vbeta, d
         n_dk[d, k] -= 1
         n_wk[w, k] -= 1
         n_k[k] -= 1
-        lst = doc_topics[d]
-        if n_dk[d, k] == 0:
-            j = lst.index(k)
-            lst[j] = lst[-1]
-            lst.pop()
+        k_old = k
+        lst = doc_topics[d]            # the old topic stays listed during the draw
         old = phi[k]
         phi[k] = (n_wk[w, k] + beta) / (n_k[k] + vbeta)
         X += alpha * (phi[k] - old)
@@ -84,9 +82,16 @@ def sparse_sweep(tok_doc, tok_word, z, n_dk, n_wk, n_k, u, alpha, beta, vbeta, d
                     k = j
                     break
         z[i] = k
-        if n_dk[d, k] == 0:
-            lst.append(k)
+        if k not in lst:
+            if n_dk[d, k_old] == 0:    # a new topic takes the old one's emptied place
+                lst[lst.index(k_old)] = k
+            else:
+                lst.append(k)
         n_dk[d, k] += 1
+        if n_dk[d, k_old] == 0 and k_old in lst:   # left: the last entry takes its place
+            j = lst.index(k_old)
+            lst[j] = lst[-1]
+            lst.pop()
         n_wk[w, k] += 1
         n_k[k] += 1
         old = phi[k]

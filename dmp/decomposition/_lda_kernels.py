@@ -22,7 +22,10 @@ the rows ``dnz[dnz_ptr[d]:dnz_ptr[d] + dnz_cnt[d]]`` (``[topic, count]`` pairs, 
 ``min(K, N_d)``), contiguous so that the document bucket reads one short run of memory rather
 than a K-wide row.  A count reaching zero is removed by moving the last pair into its place and
 a new topic is appended, so the order is part of the sampler's state (the numpy reference
-reproduces it).  No D x K table is kept.
+reproduces it).  The sparse sampler takes a token's count off its topic while it computes the
+document bucket (the topic's pair stays, with its smaller count, during the draw); after the
+draw a new topic takes that pair if it is empty (else goes at the end), and a pair left
+empty is replaced by the last one.  No D x K table is kept.
 """
 
 from __future__ import annotations
@@ -202,19 +205,28 @@ def sample_sparse(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
             if use_tree:
                 _fenwick_build(tree, phi)
             w_prev = w
-        k = z[i]
-        base = dnz_ptr[d]
-        nd = _dnz_decrement(dnz, base, dnz_cnt[d], k)
-        n_wk[w, k] -= 1
-        n_k[k] -= 1
-        old = phi[k]
-        phi[k] = (n_wk[w, k] + beta) / (n_k[k] + vbeta)
-        X += alpha * (phi[k] - old)
+        k_old = z[i]
+        n_wk[w, k_old] -= 1
+        n_k[k_old] -= 1
+        old = phi[k_old]
+        phi[k_old] = (n_wk[w, k_old] + beta) / (n_k[k_old] + vbeta)
+        X += alpha * (phi[k_old] - old)
         if use_tree:
-            _fenwick_add(tree, k, phi[k] - old)
+            _fenwick_add(tree, k_old, phi[k_old] - old)
+        # the document bucket over its pairs, the token's own count taken off on the way
+        # (one pass: no separate search for the old topic's pair)
+        base = dnz_ptr[d]
+        nd = dnz_cnt[d]
+        j_old = 0
         Y = 0.0
         for j in range(nd):
-            Y += dnz[base + j, 1] * phi[dnz[base + j, 0]]
+            t = dnz[base + j, 0]
+            c = dnz[base + j, 1]
+            if t == k_old:
+                c -= 1
+                dnz[base + j, 1] = c
+                j_old = j
+            Y += c * phi[t]
             ybuf[j] = Y
         target = u[i - t0] * (X + Y)
         if target < Y:
@@ -226,10 +238,10 @@ def sample_sparse(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
             k = dnz[base + jk, 0]
             dnz[base + jk, 1] += 1
         else:
-            target = (target - Y) / alpha
             if use_tree:
-                k = _fenwick_search(tree, target, top)
+                k = _fenwick_search(tree, (target - Y) / alpha, top)
             else:
+                target = (target - Y) / alpha
                 k = K - 1
                 acc = 0.0
                 for j in range(K):
@@ -237,7 +249,27 @@ def sample_sparse(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
                     if target < acc:
                         k = j
                         break
-            nd = _dnz_increment(dnz, base, nd, k)
+            jk = -1
+            for j in range(nd):
+                if dnz[base + j, 0] == k:
+                    jk = j
+                    break
+            if jk >= 0:
+                dnz[base + jk, 1] += 1
+            elif dnz[base + j_old, 1] == 0:
+                # a new topic takes the pair the old one just emptied (never more pairs
+                # than tokens: the capacity min(N_d, K) holds)
+                dnz[base + j_old, 0] = k
+                dnz[base + j_old, 1] = 1
+            else:
+                dnz[base + nd, 0] = k
+                dnz[base + nd, 1] = 1
+                nd += 1
+        if dnz[base + j_old, 1] == 0:
+            # the old topic left the document: the last pair takes its place
+            nd -= 1
+            dnz[base + j_old, 0] = dnz[base + nd, 0]
+            dnz[base + j_old, 1] = dnz[base + nd, 1]
         dnz_cnt[d] = nd
         z[i] = k
         n_wk[w, k] += 1
