@@ -195,6 +195,8 @@ def main():
     ap.add_argument("--topics", type=int, nargs="+", default=None)
     ap.add_argument("--sweeps", type=int, default=None)
     ap.add_argument("--skip", nargs="*", default=[], help="runs to skip, e.g. lda dask-2")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run every library this many times, interleaved (median reported)")
     ap.add_argument("--gensim-passes", type=int, default=5,
                     help="passes of gensim's LdaMulticore (variational, slow at large K)")
     args = ap.parse_args()
@@ -219,19 +221,36 @@ def main():
                 ("lda", lambda: run_lda_package(X, K, sweeps)),
                 ("gensim 1W", lambda: run_gensim(X, K, args.gensim_passes, 1)),
                 ("gensim 2W", lambda: run_gensim(X, K, args.gensim_passes, 2))]
-        for name, fn in plan:
-            if any(s in name for s in args.skip):
-                continue
-            try:
-                r = fn()
-            except ImportError as exc:
-                print(f"{name:16s} skipped ({exc})")
-                continue
+        # repeats interleave the libraries, so that the machine's slow spells hit all of
+        # them alike; each run's seconds per sweep is the median over the repeats
+        for rep in range(args.repeat):
+            for name, fn in plan:
+                if any(s in name for s in args.skip):
+                    continue
+                if rep > 0 and (name not in runs or not name.startswith(("dmp", "tomotopy"))):
+                    continue            # the slow references (lda, gensim) run once
+                try:
+                    r = fn()
+                except ImportError as exc:
+                    print(f"{name:16s} skipped ({exc})")
+                    continue
+                r["tokens_per_s"] = n_tok / r["sweep_s"]
+                print(f"{name:16s} {r['sweep_s']:9.4f} {r['tokens_per_s'] / 1e6:8.2f} "
+                      f"{r['tokens_per_s'] / 1e6 / r['cores']:11.2f} {r['own_ll']:9.4f} "
+                      f"{r['common_ll']:10.4f}" + (f"   (repeat {rep + 1})" if rep else ""))
+                if name in runs:
+                    r["sweep_s_repeats"] = runs[name]["sweep_s_repeats"] + [r["sweep_s"]]
+                else:
+                    r["sweep_s_repeats"] = [r["sweep_s"]]
+                runs[name] = r
+        for r in runs.values():
+            r["sweep_s"] = float(np.median(r["sweep_s_repeats"]))
             r["tokens_per_s"] = n_tok / r["sweep_s"]
-            runs[name] = r
-            print(f"{name:16s} {r['sweep_s']:9.4f} {r['tokens_per_s'] / 1e6:8.2f} "
-                  f"{r['tokens_per_s'] / 1e6 / r['cores']:11.2f} {r['own_ll']:9.4f} "
-                  f"{r['common_ll']:10.4f}")
+        if args.repeat > 1:
+            print("medians over the repeats:")
+            for name, r in runs.items():
+                print(f"{name:16s} {r['sweep_s']:9.4f} {r['tokens_per_s'] / 1e6:8.2f} "
+                      f"{r['tokens_per_s'] / 1e6 / r['cores']:11.2f}")
         ratios = {}
         if "dmp local" in runs and "tomotopy 1T" in runs:
             ratios["per-core speed dmp/tomotopy (target >= 1)"] = \

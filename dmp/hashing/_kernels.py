@@ -1,0 +1,190 @@
+"""Numba kernels of binary hashing: Hamming search on packed codes and the BA Z step.
+
+Codes are packed little-endian within bytes (`numpy.packbits(..., bitorder="little")`) and
+viewed as uint64 words, so a Hamming distance is a few XOR/popcounts.
+
+The Z step minimises, for each point, ``e(z) = ||c - R z||^2 + mu * Hamming(z, h)`` over
+``z in {0, 1}^L``, where ``B = Q R`` is the thin QR of the decoder matrix and
+``c = Q^T (x - b)`` -- the BA objective ``||x - B z - b||^2 + mu ||z - h(x)||^2`` up to a
+constant, at O(L^2) rather than O(D L) per evaluation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_M1 = np.uint64(0x5555555555555555)
+_M2 = np.uint64(0x3333333333333333)
+_M4 = np.uint64(0x0F0F0F0F0F0F0F0F)
+_H01 = np.uint64(0x0101010101010101)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _popcount(x):
+    x = x - ((x >> np.uint64(1)) & _M1)
+    x = (x & _M2) + ((x >> np.uint64(2)) & _M2)
+    x = (x + (x >> np.uint64(4))) & _M4
+    return (x * _H01) >> np.uint64(56)
+
+
+@njit(cache=True, nogil=True)
+def hamming_knn(queries, codes, k, out_idx, out_dist, n_bits):
+    """The ``k`` nearest codes of every query in Hamming distance (ties by index).
+
+    ``queries`` (Q x W) and ``codes`` (N x W) are uint64 words; ``out_idx`` / ``out_dist``
+    (Q x k) receive the neighbours in increasing distance.  A counting sort over the
+    distances 0..n_bits makes each query O(N W + n_bits).
+    """
+    n_q, W = queries.shape
+    N = codes.shape[0]
+    dist = np.empty(N, dtype=np.int32)
+    counts = np.empty(n_bits + 2, dtype=np.int64)
+    for q in range(n_q):
+        counts[:] = 0
+        for i in range(N):
+            d = 0
+            for w in range(W):
+                d += _popcount(queries[q, w] ^ codes[i, w])
+            dist[i] = d
+            counts[d] += 1
+        # the distance at which the k-th neighbour lies, and how many of it to take
+        total = 0
+        cut = n_bits
+        for d in range(n_bits + 1):
+            if total + counts[d] >= k:
+                cut = d
+                break
+            total += counts[d]
+        # positions: codes nearer than `cut` in distance order, then the first at `cut`
+        start = np.empty(n_bits + 2, dtype=np.int64)
+        acc = 0
+        for d in range(cut + 1):
+            start[d] = acc
+            acc += counts[d]
+        for i in range(N):
+            d = dist[i]
+            if d <= cut:
+                pos = start[d]
+                if pos < k:
+                    out_idx[q, pos] = i
+                    out_dist[q, pos] = d
+                start[d] = pos + 1
+
+
+@njit(cache=True, nogil=True)
+def z_enumerate(C, R, H, mu, Z):
+    """Exact Z step: every code of every point, in Gray-code order (one column of ``R``
+    added or taken per code: O(2^L L) per point); ties keep the first code found, which
+    starts at ``h``.  ``C`` (N x L), ``R`` (L x L upper triangular), ``H``/``Z`` (N x L
+    uint8); writes ``Z`` and returns nothing."""
+    N, L = C.shape
+    r = np.empty(L)
+    for n in range(N):
+        # start at z = h: residual c - R h
+        hv = H[n]
+        for a in range(L):
+            s = C[n, a]
+            for b in range(L):
+                if hv[b]:
+                    s -= R[a, b]
+            r[a] = s
+        cur = hv.copy()
+        ham = 0
+        best_e = 0.0
+        for a in range(L):
+            best_e += r[a] * r[a]
+        best = cur.copy()
+        for g in range(1, 1 << L):
+            # the bit that changes between Gray codes g - 1 and g
+            bit = 0
+            t = g
+            while (t & 1) == 0:
+                t >>= 1
+                bit += 1
+            if cur[bit]:
+                cur[bit] = 0
+                for a in range(L):
+                    r[a] += R[a, bit]
+            else:
+                cur[bit] = 1
+                for a in range(L):
+                    r[a] -= R[a, bit]
+            ham += 1 if cur[bit] != hv[bit] else -1
+            e = mu * ham
+            if e >= best_e:
+                continue
+            for a in range(L):
+                e += r[a] * r[a]
+            if e < best_e:
+                best_e = e
+                best[:] = cur
+        Z[n] = best
+
+
+@njit(cache=True, nogil=True)
+def z_objective(C, R, H, mu, Z, out):
+    """``out[n] = ||c_n - R z_n||^2 + mu * Hamming(z_n, h_n)``."""
+    N, L = C.shape
+    for n in range(N):
+        e = 0.0
+        for a in range(L):
+            s = C[n, a]
+            for b in range(a, L):
+                if Z[n, b]:
+                    s -= R[a, b]
+            e += s * s
+        ham = 0
+        for b in range(L):
+            if Z[n, b] != H[n, b]:
+                ham += 1
+        out[n] = e + mu * ham
+
+
+@njit(cache=True, nogil=True)
+def z_alternate(C, R, H, mu, Z, max_trials):
+    """Alternating optimisation over bits, from the codes in ``Z``: flip bit ``i`` when it
+    lowers the objective; stop after L consecutive positions without a change (or
+    ``max_trials`` trials).  Never increases any point's objective."""
+    N, L = C.shape
+    r = np.empty(L)
+    col2 = np.empty(L)
+    for b in range(L):
+        s = 0.0
+        for a in range(L):
+            s += R[a, b] * R[a, b]
+        col2[b] = s
+    for n in range(N):
+        for a in range(L):
+            s = C[n, a]
+            for b in range(a, L):
+                if Z[n, b]:
+                    s -= R[a, b]
+            r[a] = s
+        unchanged = 0
+        trials = 0
+        i = 0
+        while unchanged < L and trials < max_trials:
+            # flipping bit i moves the residual by -/+ R[:, i]
+            dot = 0.0
+            for a in range(i + 1):
+                dot += r[a] * R[a, i]
+            if Z[n, i]:
+                delta = 2.0 * dot + col2[i]
+            else:
+                delta = -2.0 * dot + col2[i]
+            delta += mu * (-1.0 if Z[n, i] != H[n, i] else 1.0)
+            if delta < 0.0:
+                if Z[n, i]:
+                    Z[n, i] = 0
+                    for a in range(i + 1):
+                        r[a] += R[a, i]
+                else:
+                    Z[n, i] = 1
+                    for a in range(i + 1):
+                        r[a] -= R[a, i]
+                unchanged = 0
+            else:
+                unchanged += 1
+            trials += 1
+            i = (i + 1) % L

@@ -1,0 +1,137 @@
+"""Binary hashing primitives against brute force: packed Hamming search, Euclidean ground
+truth, ITQ / PCA hashing, and the binary autoencoder's Z step."""
+
+import itertools
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+from sklearn.neighbors import NearestNeighbors
+
+from dmp.hashing import (euclidean_neighbors, hamming_search, itq, pack_codes, pca_hash,
+                         quantization_loss, retrieval_precision, unpack_codes, z_step)
+from dmp.hashing._zstep import z_objective
+
+
+# ---------------------------------------------------------------- codes and search
+@pytest.mark.parametrize("L", [5, 37, 64, 70])
+def test_hamming_search_matches_brute_force(L):
+    rng = np.random.default_rng(L)
+    db = rng.integers(0, 2, (500, L), dtype=np.uint8)
+    q = rng.integers(0, 2, (30, L), dtype=np.uint8)
+    np.testing.assert_array_equal(unpack_codes(pack_codes(db), L), db)
+    k = 25
+    idx, dist = hamming_search(pack_codes(q), pack_codes(db), k, n_bits=L)
+    full = (q[:, None, :] != db[None, :, :]).sum(axis=2)
+    want = np.argsort(full, axis=1, kind="stable")[:, :k]     # ties in database order
+    np.testing.assert_array_equal(idx, want)
+    np.testing.assert_array_equal(dist, np.take_along_axis(full, want, axis=1))
+
+
+def test_hamming_search_rejects_bad_input():
+    a = pack_codes(np.ones((4, 16), dtype=np.uint8))
+    with pytest.raises(ValueError, match="not the same code length"):
+        hamming_search(a, pack_codes(np.ones((4, 24), dtype=np.uint8)), 2)
+    with pytest.raises(ValueError, match=r"k must be in \[1, 4\]"):
+        hamming_search(a, a, 5)
+    with pytest.raises(ValueError, match="packed uint8"):
+        hamming_search(a.astype(np.int64), a, 1)
+    with pytest.raises(ValueError, match="only 0 and 1"):
+        pack_codes(np.full((2, 3), 2))
+
+
+def test_euclidean_neighbors_and_precision():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((400, 7))
+    Q = rng.standard_normal((50, 7))
+    got = euclidean_neighbors(Q, X, 10, chunk=16)
+    want = NearestNeighbors(n_neighbors=10, algorithm="brute").fit(X).kneighbors(Q)[1]
+    np.testing.assert_array_equal(got, want)
+    p, r = retrieval_precision(np.array([[1, 2, 3, 4]]), np.array([[4, 9]]))
+    assert (p, r) == (0.25, 0.5)
+    with pytest.raises(ValueError, match="same number of features"):
+        euclidean_neighbors(Q[:, :3], X, 2)
+
+
+# ---------------------------------------------------------------- linear baselines
+def test_itq_rotation_lowers_the_quantisation_loss_and_beats_pca_hashing():
+    X = load_digits().data.astype(float)
+    rng = np.random.default_rng(0)
+    perm = rng.permutation(len(X))
+    db, queries = X[perm[200:]], X[perm[:200]]
+    h_pca = pca_hash(db, 16)
+    h_itq = itq(db, 16, random_state=0)
+    # the projection is an orthogonal rotation of the principal directions
+    W = h_pca.projection_
+    np.testing.assert_allclose(W.T @ W, np.eye(16), atol=1e-10)
+    R = np.linalg.lstsq(W, h_itq.projection_, rcond=None)[0]
+    np.testing.assert_allclose(R.T @ R, np.eye(16), atol=1e-8)
+    # ITQ's rotation quantises better than none and than random rotations
+    from dmp.hashing import LinearHash
+
+    loss = quantization_loss(db, h_itq)
+    assert loss < quantization_loss(db, h_pca)
+    for seed in range(5):
+        Rr, _ = np.linalg.qr(np.random.default_rng(seed).standard_normal((16, 16)))
+        assert loss < quantization_loss(db, LinearHash(h_pca.mean_, W @ Rr))
+    truth = euclidean_neighbors(queries, db, 50)
+    prec = {}
+    for name, h in (("pca", h_pca), ("itq", h_itq)):
+        idx, _ = hamming_search(pack_codes(h.codes(queries)), pack_codes(h.codes(db)), 50)
+        prec[name] = retrieval_precision(idx, truth)[0]
+    assert prec["itq"] > prec["pca"] + 0.02, prec
+    with pytest.raises(ValueError, match="n_bits must be in"):
+        itq(db, 65)
+    with pytest.raises(ValueError, match="NaN"):
+        pca_hash(np.full((5, 3), np.nan), 2)
+
+
+# ---------------------------------------------------------------- the Z step
+def _z_problem(N=60, D=12, L=6, seed=0):
+    rng = np.random.default_rng(seed)
+    B = rng.standard_normal((D, L))
+    b = rng.standard_normal(D)
+    Zt = rng.integers(0, 2, (N, L))
+    X = Zt @ B.T + b + 0.7 * rng.standard_normal((N, D))
+    H = rng.integers(0, 2, (N, L), dtype=np.uint8)
+    return X, B, b, H
+
+
+@pytest.mark.parametrize("mu", [0.0, 0.3, 5.0])
+def test_enumeration_is_the_exact_minimiser(mu):
+    X, B, b, H = _z_problem()
+    Z = z_step(X, B, b, H, mu, method="enumerate")
+    all_codes = np.array(list(itertools.product([0, 1], repeat=6)), dtype=np.uint8)
+    brute = np.array([[z_objective(X[n:n + 1], B, b, H[n:n + 1], z[None], mu)[0]
+                       for z in all_codes] for n in range(len(X))])
+    np.testing.assert_allclose(z_objective(X, B, b, H, Z, mu), brute.min(axis=1),
+                               rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("L", [8, 12])
+def test_alternating_never_worse_than_its_start_nor_better_than_enumeration(L):
+    X, B, b, H = _z_problem(N=300, D=20, L=L, seed=L)
+    mu = 0.5
+    rng = np.random.default_rng(1)
+    Z0 = rng.integers(0, 2, H.shape, dtype=np.uint8)
+    Za = z_step(X, B, b, H, mu, method="alternate", Z0=Z0)
+    Ze = z_step(X, B, b, H, mu, method="enumerate")
+    e0, ea, ee = (z_objective(X, B, b, H, Z, mu) for Z in (Z0, Za, Ze))
+    eh = z_objective(X, B, b, H, H, mu)
+    assert np.all(ea <= np.minimum(e0, eh) + 1e-9)
+    assert np.all(ee <= ea + 1e-9)
+    # a local search from the better start finds the exact optimum for most points
+    assert np.mean(np.all(Za == Ze, axis=1)) >= 0.8
+
+
+def test_z_step_rejects_bad_input():
+    X, B, b, H = _z_problem()
+    with pytest.raises(ValueError, match="bits exceed"):
+        z_step(X[:, :4], B[:4], b[:4], H, 1.0)
+    with pytest.raises(ValueError, match="mu must be"):
+        z_step(X, B, b, H, -1.0)
+    with pytest.raises(ValueError, match="method must be"):
+        z_step(X, B, b, H, 1.0, method="greedy")
+    X2, B2, b2, H2 = _z_problem(N=3, D=20, L=17)
+    with pytest.raises(ValueError, match="too slow"):
+        z_step(X2, B2, b2, H2, 1.0, method="enumerate")
