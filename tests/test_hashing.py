@@ -135,3 +135,43 @@ def test_z_step_rejects_bad_input():
     X2, B2, b2, H2 = _z_problem(N=3, D=20, L=17)
     with pytest.raises(ValueError, match="too slow"):
         z_step(X2, B2, b2, H2, 1.0, method="enumerate")
+
+
+# ---------------------------------------------------------------- the W step's submodels
+def test_decoder_from_summed_normal_equations_is_least_squares():
+    from dmp.hashing._wstep import decoder_normal_equations, solve_decoder
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 9))
+    Z = rng.integers(0, 2, (300, 5))
+    parts = [decoder_normal_equations(X[s], Z[s]) for s in (slice(0, 120), slice(120, 300))]
+    B, b = solve_decoder(sum(p[0] for p in parts), sum(p[1] for p in parts))
+    theta, *_ = np.linalg.lstsq(np.hstack([Z, np.ones((300, 1))]), X, rcond=None)
+    np.testing.assert_allclose(B, theta[:-1].T, rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(b, theta[-1], rtol=1e-6, atol=1e-8)
+
+
+def test_sgd_svm_units_learn_their_bits_like_a_linear_svm():
+    from sklearn.svm import LinearSVC
+
+    from dmp.hashing._wstep import encode, sgd_svm
+
+    rng = np.random.default_rng(0)
+    X = rng.uniform(0, 1, (2000, 10))
+    w_true = rng.standard_normal((3, 10))
+    Y = (X @ w_true.T > np.median(X @ w_true.T, axis=0)).astype(np.uint8)
+    W, bias, steps = np.zeros((3, 10)), np.zeros(3), np.zeros(3, np.int64)
+    for epoch in range(20):
+        sgd_svm(W, bias, steps, X, Y, rng.permutation(2000), 32, 1e-4, 0.2)
+    assert np.all(steps == 20 * 63)                       # one step per minibatch per unit
+    acc = np.mean(encode(X, W, bias) == Y, axis=0)
+    ref = np.array([LinearSVC(C=10.0, dual=False).fit(X, Y[:, u]).score(X, Y[:, u])
+                    for u in range(3)])
+    assert np.all(acc >= ref - 0.03), (acc, ref)
+    # units are independent: training one alone gives the same weights
+    W1, b1, s1 = np.zeros((1, 10)), np.zeros(1), np.zeros(1, np.int64)
+    W3, b3, s3 = np.zeros((3, 10)), np.zeros(3), np.zeros(3, np.int64)
+    order = rng.permutation(2000)
+    sgd_svm(W1, b1, s1, X, np.ascontiguousarray(Y[:, 1:2]), order, 32, 1e-4, 0.2)
+    sgd_svm(W3, b3, s3, X, Y, order, 32, 1e-4, 0.2)
+    np.testing.assert_array_equal(W1[0], W3[1])

@@ -1,0 +1,70 @@
+"""The W step of the binary autoencoder: its submodels, each trained on one worker's points.
+
+The encoder's L units are linear SVMs (one per bit: inputs x, labels z_l) and the decoder's D
+units linear regressions (one per feature: inputs z, target x_d).  They are independent, so
+ParMAC trains them concurrently, each travelling round the ring of workers; a unit's state
+is its weights, bias and update count (the step-size schedule continues where the previous
+worker left it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+
+@njit(cache=True, nogil=True)
+def sgd_svm(W, bias, steps, X, Y, order, batch, lam, eta0):
+    """One pass of minibatch SGD on the L2-regularised hinge loss for each unit.
+
+    ``W`` (m, D), ``bias`` (m,), ``steps`` (m,) int64: the units, updated in place.
+    ``X`` (N, D) points, ``Y`` (N, m) 0/1 labels (label column u for unit u), ``order`` the
+    visiting order of the points.  Unit u minimises
+    ``lam / 2 ||w||^2 + mean_n max(0, 1 - y_n (w x_n + b))`` with ``y = 2 z - 1`` and steps
+    ``eta0 / (1 + eta0 lam t)``.
+    """
+    m, D = W.shape
+    N = order.shape[0]
+    g = np.empty(D)
+    for u in range(m):
+        for s in range(0, N, batch):
+            e = min(s + batch, N)
+            g[:] = 0.0
+            gb = 0.0
+            for j in range(s, e):
+                n = order[j]
+                y = 2.0 * Y[n, u] - 1.0
+                f = bias[u]
+                for d in range(D):
+                    f += W[u, d] * X[n, d]
+                if y * f < 1.0:
+                    for d in range(D):
+                        g[d] -= y * X[n, d]
+                    gb -= y
+            inv = 1.0 / (e - s)
+            eta = eta0 / (1.0 + eta0 * lam * steps[u])
+            for d in range(D):
+                W[u, d] -= eta * (lam * W[u, d] + g[d] * inv)
+            bias[u] -= eta * gb * inv
+            steps[u] += 1
+
+
+def decoder_normal_equations(X, Z):
+    """``(G, F)``: ``G = [Z 1]^T [Z 1]`` and ``F = [Z 1]^T X``, the sums a worker contributes
+    to the decoder's least-squares fit (added over workers, solved once)."""
+    Z1 = np.hstack([np.asarray(Z, dtype=np.float64), np.ones((len(Z), 1))])
+    return Z1.T @ Z1, Z1.T @ np.asarray(X, dtype=np.float64)
+
+
+def solve_decoder(G, F, ridge: float = 1e-8):
+    """``(B, b)`` minimising ``sum_n ||x_n - B z_n - b||^2`` from the summed normal equations
+    (a tiny ridge keeps bits that never change solvable)."""
+    L1 = G.shape[0]
+    scale = max(float(np.trace(G)) / L1, 1.0)
+    theta = np.linalg.solve(G + ridge * scale * np.eye(L1), F)      # (L + 1, D)
+    return np.ascontiguousarray(theta[:-1].T), theta[-1].copy()
+
+
+def encode(X, W, bias) -> np.ndarray:
+    """``h(x) = step(W x + bias)`` as uint8 codes (points x bits)."""
+    return (np.asarray(X, dtype=np.float64) @ W.T + bias > 0).astype(np.uint8)
