@@ -57,7 +57,9 @@ def corpus(name: str, quick: bool):
 
         ds = build_dataset("lee_background")
         X, _ = ds.load_row_shards(list(range(ds.n_shards)))
-        return sp.csr_matrix(X)
+        X = sp.csr_matrix(X)
+        X.indices = X.indices.astype(np.int64)   # a store's int32 columns, int64 row pointers
+        return X
     from dmp.io.synthetic import make_lda_corpus
 
     if quick:
