@@ -13,8 +13,8 @@ Two samplers draw from the same conditional
   (n_k + V beta)`` and the dense bucket ``X = alpha sum_k phi_k`` are kept up to date
   incrementally; the document bucket ``Y = sum_{k: n_dk > 0} n_dk phi_k`` runs over the
   document's nonzero topics only.  ``u < Y`` picks among the document's topics, otherwise
-  ``k`` is found in the dense bucket by descending a Fenwick tree over ``phi`` (kept up to
-  date with the two changes of each token).  Cost O(K_d + log K) per token and O(K) once
+  ``k`` is found in the dense bucket (for K >= 256 by descending a Fenwick tree over ``phi``,
+  kept up to date with the two changes of each token).  Cost O(K_d + log K) per token and O(K) once
   per word (rebuilding ``phi`` and its tree).
 
 A document's topic counts exist only in sparse form: its nonzero topics and their counts are
@@ -45,15 +45,21 @@ def doc_topic_lists(tok_doc, z, n_docs, n_topics):
     np.cumsum(np.minimum(doc_len, n_topics), out=dnz_ptr[1:])
     keys, counts = np.unique(tok_doc * n_topics + np.asarray(z, dtype=np.int64),
                              return_counts=True)
-    docs = keys // n_topics
-    dnz_cnt = np.bincount(docs, minlength=n_docs).astype(np.int32)
-    first = np.zeros(n_docs + 1, dtype=np.int64)
-    np.cumsum(dnz_cnt, out=first[1:])
-    slot = dnz_ptr[docs] + np.arange(len(keys)) - first[docs]
+    dnz_cnt = np.bincount(keys // n_topics, minlength=n_docs).astype(np.int32)
+    _, slot = pair_slots(dnz_ptr, dnz_cnt)
     dnz = np.zeros((max(int(dnz_ptr[-1]), 1), 2), dtype=np.int32)
     dnz[slot, 0] = keys % n_topics
     dnz[slot, 1] = counts
     return dnz_ptr, dnz, dnz_cnt
+
+
+def pair_slots(dnz_ptr, dnz_cnt):
+    """``(docs, slots)``: the document and the storage row of every pair in use, document by
+    document."""
+    cnt = np.asarray(dnz_cnt, dtype=np.int64)
+    docs = np.repeat(np.arange(len(cnt)), cnt)
+    return docs, np.asarray(dnz_ptr)[docs] + np.arange(len(docs)) - np.repeat(
+        np.cumsum(cnt) - cnt, cnt)
 
 
 def doc_topic_counts(dnz_ptr, dnz, dnz_cnt, n_topics):
@@ -83,12 +89,17 @@ def _dnz_decrement(dnz, base, nd, k):
 
 
 @njit(cache=True, nogil=True)
-def _dnz_increment(dnz, base, nd, k):
-    """Add one count to topic ``k`` (appending it if new); returns the new number of pairs."""
+def _dnz_increment(dnz, base, nd, k, spare):
+    """Add one count to topic ``k``; a new topic takes pair ``spare`` (an emptied pair) when
+    it is >= 0, else goes at the end.  Returns the new number of pairs."""
     for j in range(nd):
         if dnz[base + j, 0] == k:
             dnz[base + j, 1] += 1
             return nd
+    if spare >= 0:
+        dnz[base + spare, 0] = k
+        dnz[base + spare, 1] = 1
+        return nd
     dnz[base + nd, 0] = k
     dnz[base + nd, 1] = 1
     return nd + 1
@@ -128,7 +139,7 @@ def sample_dense(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
                 k = j
                 break
         z[i] = k
-        dnz_cnt[d] = _dnz_increment(dnz, base, nd, k)
+        dnz_cnt[d] = _dnz_increment(dnz, base, nd, k, -1)
         n_wk[w, k] += 1
         n_k[k] += 1
 
@@ -249,22 +260,9 @@ def sample_sparse(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
                     if target < acc:
                         k = j
                         break
-            jk = -1
-            for j in range(nd):
-                if dnz[base + j, 0] == k:
-                    jk = j
-                    break
-            if jk >= 0:
-                dnz[base + jk, 1] += 1
-            elif dnz[base + j_old, 1] == 0:
-                # a new topic takes the pair the old one just emptied (never more pairs
-                # than tokens: the capacity min(N_d, K) holds)
-                dnz[base + j_old, 0] = k
-                dnz[base + j_old, 1] = 1
-            else:
-                dnz[base + nd, 0] = k
-                dnz[base + nd, 1] = 1
-                nd += 1
+            # a new topic takes the pair the old one just emptied, if it did (never more
+            # pairs than tokens: the capacity min(N_d, K) holds)
+            nd = _dnz_increment(dnz, base, nd, k, j_old if dnz[base + j_old, 1] == 0 else -1)
         if dnz[base + j_old, 1] == 0:
             # the old topic left the document: the last pair takes its place
             nd -= 1

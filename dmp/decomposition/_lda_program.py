@@ -246,9 +246,7 @@ class LDAProgram(Program):
         Kt = self.n_topics
         keys, counts = np.unique(s["tok_doc"].astype(np.int64) * Kt + s["z"],
                                  return_counts=True)
-        docs = np.repeat(np.arange(len(cnt)), cnt)
-        slots = s["dnz_ptr"][docs] + np.arange(len(docs)) - np.repeat(
-            np.cumsum(cnt) - cnt, cnt)
+        docs, slots = K.pair_slots(s["dnz_ptr"], cnt)
         want = docs * Kt + topics[slots]
         at = np.searchsorted(keys, want)
         if len(want) != len(keys) or not np.array_equal(keys[np.minimum(at, len(keys) - 1)],

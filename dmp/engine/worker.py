@@ -51,46 +51,34 @@ class _Lent:
         self.array = None
 
 
+def _map_top(payload, fn):
+    """``fn(slot, value)`` applied to each top-level value of a tuple, list or dict (slot
+    ``(i,)`` or ``(key,)``), or to the payload itself (slot ``()``); same container back."""
+    if isinstance(payload, (tuple, list)):
+        return type(payload)(fn((i,), v) for i, v in enumerate(payload))
+    if isinstance(payload, dict):
+        return {k: fn((k,), v) for k, v in payload.items()}
+    return fn((), payload)
+
+
 def _split_large(payload, key):
     """``(payload with large arrays replaced by _Piecewise, [(key, array), ...])``; looks at
     the payload itself and at the top level of a tuple, list or dict."""
-    def big(v):
-        return isinstance(v, np.ndarray) and v.ndim >= 1 and v.nbytes > RING_PIECE_BYTES
-
-    if big(payload):
-        return _Piecewise(key), [(key, payload)]
     pieces = []
-    if isinstance(payload, (tuple, list)):
-        out = []
-        for i, v in enumerate(payload):
-            if big(v):
-                pieces.append((key + (i,), v))
-                v = _Piecewise(key + (i,))
-            out.append(v)
-        return type(payload)(out), pieces
-    if isinstance(payload, dict):
-        out = {}
-        for k, v in payload.items():
-            if big(v):
-                pieces.append((key + (k,), v))
-                v = _Piecewise(key + (k,))
-            out[k] = v
-        return out, pieces
-    return payload, pieces
+
+    def take(slot, v):
+        if isinstance(v, np.ndarray) and v.ndim >= 1 and v.nbytes > RING_PIECE_BYTES:
+            pieces.append((key + slot, v))
+            return _Piecewise(key + slot)
+        return v
+
+    return _map_top(payload, take), pieces
 
 
 def _assemble(payload, arrays: dict):
     """Put the arrays received in pieces back in their places in a ring message."""
-    def put(v):
-        return arrays.pop(v.key) if isinstance(v, _Piecewise) else v
-
-    if isinstance(payload, _Piecewise):
-        return put(payload)
-    if isinstance(payload, (tuple, list)):
-        return type(payload)(put(v) for v in payload)
-    if isinstance(payload, dict):
-        return {k: put(v) for k, v in payload.items()}
-    return payload
+    return _map_top(payload, lambda _, v: arrays.pop(v.key) if isinstance(v, _Piecewise)
+                    else v)
 
 
 class PartitionWorker:

@@ -40,6 +40,7 @@ def hamming_knn(queries, codes, k, out_idx, out_dist, n_bits):
     N = codes.shape[0]
     dist = np.empty(N, dtype=np.int32)
     counts = np.empty(n_bits + 2, dtype=np.int64)
+    start = np.empty(n_bits + 2, dtype=np.int64)
     for q in range(n_q):
         counts[:] = 0
         for i in range(N):
@@ -57,7 +58,6 @@ def hamming_knn(queries, codes, k, out_idx, out_dist, n_bits):
                 break
             total += counts[d]
         # positions: codes nearer than `cut` in distance order, then the first at `cut`
-        start = np.empty(n_bits + 2, dtype=np.int64)
         acc = 0
         for d in range(cut + 1):
             start[d] = acc
@@ -123,7 +123,7 @@ def z_enumerate(C, R, H, mu, Z):
 
 
 @njit(cache=True, nogil=True)
-def z_objective(C, R, H, mu, Z, out):
+def z_objective_qr(C, R, H, mu, Z, out):
     """``out[n] = ||c_n - R z_n||^2 + mu * Hamming(z_n, h_n)``."""
     N, L = C.shape
     for n in range(N):

@@ -75,8 +75,8 @@ def z_step(X, B, b, H, mu: float, *, method: str = "auto", Z0=None,
             raise ValueError(f"Z0 must be {(N, L)}, got {Z0.shape}")
         e_h = np.empty(N)
         e_0 = np.empty(N)
-        _kernels.z_objective(C, R, H, float(mu), H, e_h)
-        _kernels.z_objective(C, R, H, float(mu), Z0, e_0)
+        _kernels.z_objective_qr(C, R, H, float(mu), H, e_h)
+        _kernels.z_objective_qr(C, R, H, float(mu), Z0, e_0)
         better = e_0 < e_h
         Z[better] = Z0[better]
     _kernels.z_alternate(C, R, H, float(mu), Z, int(max_trials or 100 * L))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from .state import FitState, format_value
+from .state import _NOT_METRICS, FitState, format_value
 
 UPDATE_MS = 500
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
@@ -59,8 +59,7 @@ class FitView:
         first = fit.rounds[-1] if fit.rounds else {}
         self.primary = fit.primary_metric
         self.metric_keys = [k for k, v in first.items()
-                            if k not in ("round", "time", "round_s", "push_s", "idle_s", "ring_s",
-                                         "kind")
+                            if k not in _NOT_METRICS
                             and not k.startswith("bytes_") and k not in _NOT_PLOTTED
                             and k not in _SCHEDULE_KEYS and not k.startswith("sched_")
                             and k != self.primary
