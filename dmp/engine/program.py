@@ -111,6 +111,12 @@ class Program:
     def load_driver_state(self, state: dict) -> None:
         raise NotImplementedError
 
+    def after_loss(self) -> bool:
+        """Called when the partitions were re-created after a worker loss and there is no
+        checkpoint: return True when the program can go on from its driver-side state (its
+        next `schedule` then restores the partitions), False to start the fit over."""
+        return False
+
     def finish(self, partition_arrays: list[dict]) -> None:
         """Receive every partition's arrays at the end of the fit."""
 

@@ -91,6 +91,9 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
         """(Re)create the partitions and the driver state; return the first round to run."""
         (backend.start if initial else backend.restart)(program, specs)
         latest = store.latest() if store is not None else None
+        if not initial and latest is None and program.after_loss():
+            # the program restores itself from its driver-side copies
+            return history[-1]["round"] + 1 if history else 0
         if latest is None or (initial and not resume):
             program.start(n_parts)
             history.clear()

@@ -1,10 +1,14 @@
-"""Binary hashing for fast retrieval: codes, Hamming search, linear baselines and the binary
-autoencoder's Z step (ParMAC, ALGORITHMS.md part 2)."""
+"""Binary hashing for fast retrieval: the binary autoencoder trained by ParMAC, codes and
+Hamming search, linear baselines (PCA hashing, ITQ) and the ParMAC speed-up model
+(ALGORITHMS.md part 2)."""
 
+from ._ba import BinaryAutoencoder
 from ._itq import LinearHash, itq, pca_hash, quantization_loss
 from ._retrieval import (euclidean_neighbors, hamming_search, pack_codes,
                          retrieval_precision, unpack_codes)
+from ._speedup import measured_costs, parmac_speedup, parmac_time
 from ._zstep import z_step
 
-__all__ = ["LinearHash", "itq", "pca_hash", "quantization_loss", "euclidean_neighbors",
-           "hamming_search", "pack_codes", "retrieval_precision", "unpack_codes", "z_step"]
+__all__ = ["BinaryAutoencoder", "LinearHash", "itq", "pca_hash", "quantization_loss",
+           "euclidean_neighbors", "hamming_search", "pack_codes", "retrieval_precision",
+           "unpack_codes", "z_step", "parmac_time", "parmac_speedup", "measured_costs"]

@@ -67,11 +67,15 @@ def itq(X, n_bits: int, *, n_iter: int = 50, random_state=None) -> LinearHash:
     rng = check_random_state(random_state)
     R, _ = np.linalg.qr(rng.standard_normal((int(n_bits), int(n_bits))))
     for _ in range(int(n_iter)):
-        B = np.where(V @ R >= 0, 1.0, -1.0)
-        # orthogonal Procrustes: R = argmin ||B - V R||, from the SVD of V^T B
-        U, _, Wt = np.linalg.svd(V.T @ B)
-        R = U @ Wt
+        R = procrustes(V.T @ np.where(V @ R >= 0, 1.0, -1.0))
     return LinearHash(mean, W @ R)
+
+
+def procrustes(C) -> np.ndarray:
+    """The orthogonal ``R`` maximising ``trace(R^T C)``, i.e. ITQ's rotation step
+    ``argmin_R ||B - V R||_F`` from ``C = V^T B`` (a sum over workers' points)."""
+    U, _, Wt = np.linalg.svd(C)
+    return U @ Wt
 
 
 def quantization_loss(X, h: LinearHash) -> float:

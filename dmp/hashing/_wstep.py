@@ -49,6 +49,40 @@ def sgd_svm(W, bias, steps, X, Y, order, batch, lam, eta0):
             steps[u] += 1
 
 
+@njit(cache=True, nogil=True)
+def sgd_linear(W, bias, steps, Z, X, cols, order, batch, lam, eta0):
+    """One pass of minibatch SGD on the squared error for each decoder unit.
+
+    ``W`` (m, L), ``bias`` (m,), ``steps`` (m,) int64: units updated in place; unit u
+    predicts feature ``cols[u]`` of the points ``X`` (N, D) from their codes ``Z`` (N, L),
+    minimising ``lam / 2 ||w||^2 + mean_n (x_n - w z_n - b)^2 / 2`` with steps
+    ``eta0 / (1 + eta0 lam t)``.
+    """
+    m, L = W.shape
+    N = order.shape[0]
+    g = np.empty(L)
+    for u in range(m):
+        c = cols[u]
+        for s in range(0, N, batch):
+            e = min(s + batch, N)
+            g[:] = 0.0
+            gb = 0.0
+            for j in range(s, e):
+                n = order[j]
+                r = bias[u] - X[n, c]
+                for l in range(L):
+                    r += W[u, l] * Z[n, l]
+                for l in range(L):
+                    g[l] += r * Z[n, l]
+                gb += r
+            inv = 1.0 / (e - s)
+            eta = eta0 / (1.0 + eta0 * lam * steps[u])
+            for l in range(L):
+                W[u, l] -= eta * (lam * W[u, l] + g[l] * inv)
+            bias[u] -= eta * gb * inv
+            steps[u] += 1
+
+
 def decoder_normal_equations(X, Z):
     """``(G, F)``: ``G = [Z 1]^T [Z 1]`` and ``F = [Z 1]^T X``, the sums a worker contributes
     to the decoder's least-squares fit (added over workers, solved once)."""

@@ -479,6 +479,7 @@ def open_dataset(path, *, storage_options=None):
     DatasetError
         ``path`` is not a complete dmp sparse dataset, or has an unknown ``kind``.
     """
+    from .dense import DenseDataset
     from .ratings import RatingsDataset
     from .rows import SparseRowDataset
 
@@ -497,7 +498,8 @@ def open_dataset(path, *, storage_options=None):
     if fmt != FORMAT_VERSION:
         raise DatasetError(f"{path!r}: unsupported dmp_format {fmt!r} "
                            f"(this version reads {FORMAT_VERSION})")
-    classes = {cls.KIND: cls for cls in (SparseDataset, SparseRowDataset, RatingsDataset)}
+    classes = {cls.KIND: cls for cls in (SparseDataset, SparseRowDataset, RatingsDataset,
+                                             DenseDataset)}
     kind = attrs.get("kind")
     if not isinstance(kind, str) or kind not in classes:
         raise DatasetError(f"{path!r}: unknown dataset kind {kind!r}; this version reads "

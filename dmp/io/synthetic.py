@@ -8,7 +8,7 @@ import numbers
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["make_sparse_lasso", "make_correlated_lasso", "lasso_alpha_max", "make_ratings",
+__all__ = ["make_hashing_mixture", "make_sparse_lasso", "make_correlated_lasso", "lasso_alpha_max", "make_ratings",
            "make_lda_corpus"]
 
 
@@ -273,3 +273,31 @@ def make_lda_corpus(n_docs=5_000, n_words=10_000, n_topics=50, doc_len=200, alph
     X = sp.csr_matrix((np.ones(len(doc)), (doc, words)), shape=(n_docs, n_words))
     X.sum_duplicates()
     return X, phi, theta
+
+
+def make_hashing_mixture(n=50_000, dim=64, n_clusters=50, decay=1.0, separation=2.0,
+                         seed=4):
+    """Gaussian-mixture feature vectors with a decaying spectrum, for hashing (float32).
+
+    Direction ``j`` of a random rotation has scale ``(1 + j) ** -decay`` -- image
+    descriptors (SIFT, GIST, CNN features) have such decaying principal variances, unlike an
+    isotropic mixture, whose within-cluster neighbours no code can find better than chance.
+    Cluster centres are drawn with ``separation`` times the within-cluster spread.
+
+    Returns
+    -------
+    X : ndarray of float32, shape (n, dim)
+    labels : ndarray of int64, shape (n,)
+    """
+    _check_int("n", n)
+    _check_int("dim", dim)
+    _check_int("n_clusters", n_clusters)
+    _check_real("decay", decay, 0, np.inf)
+    _check_real("separation", separation, 0, np.inf)
+    rng = np.random.default_rng(seed)
+    scale = (1.0 + np.arange(dim)) ** -float(decay)
+    rotation, _ = np.linalg.qr(rng.standard_normal((dim, dim)))
+    centres = rng.standard_normal((n_clusters, dim)) * scale * separation
+    labels = rng.integers(0, n_clusters, n)
+    X = (centres[labels] + rng.standard_normal((n, dim)) * scale) @ rotation
+    return X.astype(np.float32), labels

@@ -1,0 +1,327 @@
+"""The binary autoencoder trained by ParMAC: a scikit-learn style estimator."""
+
+from __future__ import annotations
+
+import math
+import numbers
+import shutil
+import tempfile
+
+import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.validation import check_is_fitted
+
+from ..engine import resolve_backend, run
+from ..engine.runner import history_arrays
+from ..io.dense import DenseDataset, InMemoryDenseDataset, _check_dense, write_dense
+from ..linear_model._lasso import seed_from
+from ._parmac import ParMACProgram
+from ._retrieval import euclidean_neighbors, pack_codes
+
+#: the validation database is at most this many points (the ground truth is exact k-NN)
+VALIDATION_DB_MAX = 20000
+
+
+def _is_dask(X) -> bool:
+    return type(X).__module__.startswith("dask.")
+
+
+class BinaryAutoencoder(TransformerMixin, BaseEstimator):
+    """Binary autoencoder hashing trained by ParMAC (model parallelism on a ring).
+
+    The hash function ``h(x) = step(A x + a)`` maps points to ``n_bits``-bit codes; a linear
+    decoder ``f(z) = B z + b`` reconstructs them.  Both are trained by the method of
+    auxiliary coordinates: the codes ``Z`` of the training points are free variables,
+    coupled to ``h(X)`` by a penalty ``mu`` that grows geometrically; W steps train the
+    encoder's SVM units (SGD, travelling round the ring of workers) and the decoder, Z steps
+    update the codes of every worker's own points.  Initialised from ITQ.
+
+    Parameters
+    ----------
+    n_bits : int, default 16
+        Code length ``L`` (at most the number of features).
+    n_epochs : int, default 2
+        SGD passes over the data per W step (``e``).
+    mu0, mu_factor : float, default 1e-3, 1.5
+        Penalty schedule ``mu_i = mu0 * mu_factor ** i`` (on data scaled to [0, 1]).
+    max_iter : int, default 30
+        MAC iterations at most; the fit stops earlier when ``Z = h(X)``.
+    batch_size : int, default 32
+    alpha : float, default 1e-4
+        L2 weight of the SVM units (and of the SGD decoder).
+    decoder : {"exact", "sgd"}, default "exact"
+        Solve the decoder from summed normal equations, or train it by SGD on the ring.
+    z_method : {"auto", "enumerate", "alternate"}, default "auto"
+        Z step: exhaustive search (``n_bits <= 16``) or alternating bit optimisation;
+        "auto" enumerates up to 10 bits.
+    itq_iter : int, default 50
+        ITQ rotations of the initialisation.
+    validation_size : int, default 200
+        Held-out training points used as queries of the validation check (0: none).  Their true neighbours are
+        searched in up to 20,000 other training points; the result is the model with the
+        best validation precision (the ITQ initialisation included).
+    code_format : {"packed", "bool"}, default "packed"
+        What `transform` returns: codes packed 8 bits per byte (uint8, for
+        `hamming_search`) or a boolean array (points x bits).
+    backend, n_workers, random_state, show_progress, callback
+        As for the other dmp estimators.
+
+    Attributes
+    ----------
+    coef_ : ndarray (n_bits, n_features); intercept_ : ndarray (n_bits,)
+        The hash function on raw inputs: bit ``l`` is ``coef_[l] @ x + intercept_[l] > 0``.
+    decoder_coef_ : ndarray (n_features, n_bits); decoder_intercept_ : ndarray (n_features,)
+        ``inverse_transform``: ``x = decoder_coef_ @ z + decoder_intercept_``.
+    history_ : dict of arrays
+        Per MAC iteration: ``iteration``, ``mu``, ``E_BA`` (mean ``||x - f(h(x))||^2`` on
+        the scaled data, after the W step), ``E_Q`` and ``penalty`` (``||Z - h(X)||^2``,
+        after the Z step), ``changed`` (code bits the Z step flipped), ``precision``
+        (validation), ``w_s``/``z_s`` (seconds), ``bytes_ring`` (submodels handed round),
+        ``bytes_driver`` (everything through the driver), ``identical`` (all workers held
+        the same submodels after the W step).
+    round_history_ : dict of arrays
+        Per engine round (as the other estimators' ``history_``).
+    n_iter_ : int
+    stop_reason_ : str
+        "Z = h(X)" or "schedule ended".
+    best_iteration_ : int
+        The iteration whose model was kept (-1: the ITQ initialisation).
+    validation_precision_ : float
+    recoveries_ : list of dict
+    n_features_in_ : int
+    """
+
+    _parameter_constraints: dict = {
+        "n_bits": [Interval(numbers.Integral, 1, None, closed="left")],
+        "n_epochs": [Interval(numbers.Integral, 1, None, closed="left")],
+        "mu0": [Interval(numbers.Real, 0, None, closed="neither")],
+        "mu_factor": [Interval(numbers.Real, 1, None, closed="left")],
+        "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
+        "batch_size": [Interval(numbers.Integral, 1, None, closed="left")],
+        "alpha": [Interval(numbers.Real, 0, None, closed="left")],
+        "decoder": [StrOptions({"exact", "sgd"})],
+        "z_method": [StrOptions({"auto", "enumerate", "alternate"})],
+        "itq_iter": [Interval(numbers.Integral, 0, None, closed="left")],
+        "validation_size": [Interval(numbers.Integral, 0, None, closed="left")],
+        "code_format": [StrOptions({"packed", "bool"})],
+        "backend": [StrOptions({"auto", "local", "dask"}), object],
+        "n_workers": [Interval(numbers.Integral, 1, None, closed="left"), None],
+        "random_state": ["random_state"],
+        "show_progress": ["boolean"],
+        "callback": [callable, None],
+    }
+
+    def __init__(self, n_bits=16, *, n_epochs=2, mu0=1e-3, mu_factor=1.5, max_iter=30,
+                 batch_size=32, alpha=1e-4, decoder="exact", z_method="auto", itq_iter=50,
+                 validation_size=200, code_format="packed", backend="auto", n_workers=None,
+                 random_state=None, show_progress=False, callback=None):
+        self.n_bits = n_bits
+        self.n_epochs = n_epochs
+        self.mu0 = mu0
+        self.mu_factor = mu_factor
+        self.max_iter = max_iter
+        self.batch_size = batch_size
+        self.alpha = alpha
+        self.decoder = decoder
+        self.z_method = z_method
+        self.itq_iter = itq_iter
+        self.validation_size = validation_size
+        self.code_format = code_format
+        self.backend = backend
+        self.n_workers = n_workers
+        self.random_state = random_state
+        self.show_progress = show_progress
+        self.callback = callback
+
+    # ------------------------------------------------------------------ data
+    def _prepare_data(self, X, arrivals, backend):
+        """``(dataset, {iteration: [shard]}, temporary directory or None)``."""
+        P = backend.n_partitions
+        if isinstance(X, DenseDataset):
+            held = {int(i): [int(k) for k in ks] for i, ks in (arrivals or {}).items()}
+            for ks in held.values():
+                for k in ks:
+                    if not 0 <= k < X.n_shards:
+                        raise ValueError(f"arrival shard {k} out of range: the dataset has "
+                                         f"{X.n_shards} shards")
+            return X, held, None
+        if not (_is_dask(X) or isinstance(X, np.ndarray)):
+            X = np.asarray(X)
+        if _is_dask(X):
+            X = X.compute()
+        X = _check_dense(X)
+        parts = [X]
+        held = {}
+        for i, Xa in sorted((arrivals or {}).items()):
+            if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 1:
+                raise ValueError(f"arrivals keys are MAC iterations >= 1, got {i!r}")
+            Xa = _check_dense(Xa.compute() if _is_dask(Xa) else Xa, f"arrivals[{i}]",
+                              X.shape[1])
+            held[int(i)] = [P + len(parts) - 1]
+            parts.append(Xa)
+        if X.shape[0] < P:
+            raise ValueError(f"{X.shape[0]} points cannot be split over {P} workers")
+        bounds = list(np.linspace(0, X.shape[0], P + 1).round().astype(np.int64))
+        for Xa in parts[1:]:
+            bounds.append(bounds[-1] + Xa.shape[0])
+        Xall = np.concatenate(parts) if len(parts) > 1 else X
+        if backend.kind == "local":
+            return InMemoryDenseDataset(Xall, row_bounds=bounds), held, None
+        tmp = tempfile.mkdtemp(prefix="dmp-ba-")
+        try:
+            ds = write_dense(f"{tmp}/points.zarr", X, n_shards=P)
+            from ..io.dense import append_dense_shard
+
+            for Xa in parts[1:]:
+                ds = append_dense_shard(ds, Xa)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return ds, held, tmp
+
+    def _validation_set(self, ds, held, seed):
+        """Validation queries, database and true neighbours, read on the driver from the
+        initial shards (None when the data is too small or ``validation_size`` is 0)."""
+        q = int(self.validation_size)
+        held_shards = {k for ks in held.values() for k in ks}
+        rows = np.concatenate([np.arange(ds.row_bounds[k], ds.row_bounds[k + 1])
+                               for k in range(ds.n_shards) if k not in held_shards])
+        if q == 0 or len(rows) < 2 * q + 10:
+            return None
+        rng = np.random.default_rng([seed, 5])
+        pick = rng.permutation(rows)[:q + min(VALIDATION_DB_MAX, len(rows) - q)]
+        pick_sorted = np.sort(pick)
+        pts = ds.load_points(pick_sorted).astype(np.float64)
+        pts = pts[np.searchsorted(pick_sorted, pick)]
+        Q, Db = pts[:q], pts[q:]
+        k = min(len(Db), max(10, int(0.002 * len(Db))))
+        return Q, Db, euclidean_neighbors(Q, Db, k)
+
+    # ------------------------------------------------------------------ fitting
+    def fit(self, X, y=None, *, arrivals=None):
+        """Train the hash function on the points X.
+
+        Parameters
+        ----------
+        X : ndarray or dask array (points x features), or a `dmp.io.DenseDataset`
+            Finite values.  Stored datasets are read by the workers, shard by shard.
+        y : None
+            Ignored.
+        arrivals : dict, optional
+            Streaming: ``{iteration: points}`` (arrays; for a stored dataset ``{iteration:
+            [shard, ...]}``, shards held back until then), data that joins the ring at the
+            start of that MAC iteration.
+
+        Returns
+        -------
+        self
+        """
+        self._validate_params()
+        D = int(X.shape[1]) if len(getattr(X, "shape", ())) == 2 else None
+        if D is not None and self.n_bits > D:
+            raise ValueError(f"n_bits={self.n_bits} exceeds the {D} features: the decoder "
+                             f"and the ITQ initialisation need n_bits <= n_features")
+        if self.z_method == "enumerate" and self.n_bits > 16:
+            raise ValueError(f"z_method='enumerate' searches 2^n_bits codes per point; use "
+                             f"'alternate' for n_bits={self.n_bits} (> 16)")
+        backend = resolve_backend(self.backend, self.n_workers)
+        tmpdir = None
+        try:
+            ds, held, tmpdir = self._prepare_data(X, arrivals, backend)
+            if self.n_bits > ds.n_features:
+                raise ValueError(f"n_bits={self.n_bits} exceeds the {ds.n_features} features")
+            seed = seed_from(self.random_state)
+            P = backend.n_partitions
+            program = ParMACProgram(
+                ds, n_bits=self.n_bits, n_epochs=self.n_epochs, mu0=self.mu0,
+                mu_factor=self.mu_factor, max_mac_iter=self.max_iter,
+                batch_size=self.batch_size, alpha=self.alpha, decoder=self.decoder,
+                z_method=self.z_method, itq_iter=self.itq_iter,
+                validation=self._validation_set(ds, held, seed), arrivals=held, seed=seed)
+            result = run(program, backend, max_iter=program.max_rounds(P),
+                         callback=self.callback, show_progress=self.show_progress,
+                         desc=type(self).__name__, params=self.get_params(deep=False))
+        finally:
+            backend.close()
+            if tmpdir is not None:
+                shutil.rmtree(tmpdir, ignore_errors=True)
+        dr = program.driver
+        model = dr["best"] if dr.get("best") is not None else dr["model"]
+        lo, scale = dr["lo"], dr["scale"]
+        # fold the [0, 1] scaling into the raw-input hash function and decoder
+        self.coef_ = model["A"] / scale
+        self.intercept_ = model["a"] - self.coef_ @ lo
+        self.decoder_coef_ = model["B"] * scale
+        self.decoder_intercept_ = model["b"] * scale + lo
+        self.n_features_in_ = int(ds.n_features)
+        self.n_iter_ = int(dr["iteration"])
+        self.stop_reason_ = dr["stop_reason"]
+        self.best_iteration_ = int(dr.get("best_iteration", dr["iteration"] - 1))
+        self.validation_precision_ = float(dr.get("best_prec", math.nan))
+        self.round_history_ = history_arrays(result.history)
+        self.history_ = self._iteration_history(dr["records"], result.history)
+        self.recoveries_ = result.recoveries
+        self.wall_time_ = result.wall_s
+        self.n_workers_ = P
+        self.n_samples_fit_ = int(dr["n"])
+        return self
+
+    @staticmethod
+    def _iteration_history(records, rounds) -> dict:
+        """One entry per MAC iteration: the driver's records plus the engine's timings and
+        bytes of the rounds that belonged to it (a recovered iteration counts once)."""
+        out = []
+        for rec in records:
+            it = rec["iteration"]
+            mine = [r for r in rounds if r.get("iteration") == it
+                    and r.get("phase") in ("hop", "spread", "check", "z")]
+            row = dict(rec)
+            row["bytes_ring"] = sum(r["bytes_ring"] for r in mine)
+            row["bytes_driver"] = sum(r["bytes_push"] + r["bytes_pull"] + r["bytes_schedule"]
+                                      for r in mine)
+            row["w_rounds_s"] = sum(r["round_s"] for r in mine
+                                    if r["phase"] in ("hop", "spread"))
+            out.append(row)
+        return history_arrays(out)
+
+    # ------------------------------------------------------------------ codes
+    def _bits(self, X) -> np.ndarray:
+        check_is_fitted(self, "coef_")
+        if _is_dask(X):
+            X = X.compute()
+        X = _check_dense(X, "X", self.n_features_in_).astype(np.float64)
+        return (X @ self.coef_.T + self.intercept_) > 0
+
+    def transform(self, X):
+        """Binary codes ``h(x)`` of the points X: packed uint8 (points x ceil(bits/8),
+        bit ``l`` of a point in byte ``l // 8``, least significant first) or a boolean
+        array (points x bits), as ``code_format`` says."""
+        bits = self._bits(X)
+        if self.code_format == "bool":
+            return bits
+        return pack_codes(bits.astype(np.uint8))
+
+    def inverse_transform(self, codes):
+        """Reconstructions ``f(z)`` of codes (packed uint8 as `transform` gives, or 0/1
+        points x bits)."""
+        from ._retrieval import unpack_codes
+
+        check_is_fitted(self, "coef_")
+        Z = np.asarray(codes)
+        L = self.coef_.shape[0]
+        if Z.ndim == 2 and Z.dtype == np.uint8 and Z.shape[1] == -(-L // 8) and L != \
+                Z.shape[1]:
+            Z = unpack_codes(Z, L)
+        if Z.ndim != 2 or Z.shape[1] != L:
+            raise ValueError(f"codes must be (points, {L}) bits or packed (points, "
+                             f"{-(-L // 8)}) bytes, got shape {Z.shape}")
+        return Z.astype(np.float64) @ self.decoder_coef_.T + self.decoder_intercept_
+
+    def plot(self):
+        """E_BA, validation precision and W/Z-step seconds per MAC iteration (a matplotlib
+        figure)."""
+        from ..plotting import plot_parmac
+
+        check_is_fitted(self, "coef_")
+        return plot_parmac(self.history_)

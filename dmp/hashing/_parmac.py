@@ -1,0 +1,563 @@
+"""ParMAC for the binary autoencoder, as a `dmp.engine.Program` (ALGORITHMS.md part 2).
+
+Points are sharded over the P partitions (the ring); a partition's points ``X_p`` and their
+codes ``Z_p`` never leave it.  Only the submodels move:
+
+* **encoder**: ``L`` linear SVM units ``h_l(x) = step(A_l x + a_l)``;
+* **decoder**: ``D`` linear units ``f_d(z) = B_d z + b_d`` -- solved exactly from summed
+  normal equations (``decoder="exact"``: each partition reports ``[Z 1]^T [Z 1]`` and
+  ``[Z 1]^T X``, sums of submodel size) or trained by SGD on the ring like the encoder
+  (``decoder="sgd"``).
+
+The travelling units are dealt into P groups.  One MAC iteration (penalty ``mu``):
+
+1. **W step** -- ``e P`` hops: in hop ``h`` partition ``p`` runs one SGD pass over its own
+   points (locally shuffled minibatches) on group ``(p + h) mod P`` and hands the group to
+   partition ``p - 1`` (actor to actor).  After ``P`` hops every group has seen every point
+   once (one epoch).  Then ``P - 1`` communication-only hops pass the final groups round,
+   so every partition holds every submodel.
+2. **check** -- every partition reports ``E_BA`` and ``||Z - h(X)||^2`` of the new model;
+   partition 0 also sends its copy of the model (for the driver's validation precision).
+   The driver keeps the model with the best validation precision so far (the result).
+3. **Z step** -- every partition updates its codes (exact enumeration for short codes,
+   alternating bit optimisation otherwise; QR trick).  Stop when ``Z = h(X)``.
+
+Before the first iteration: data statistics (min, range, mean, covariance: summed over
+partitions), ITQ rotations (each an ``L x L`` sum), and ``Z = h_ITQ(X)``.  After a worker
+loss the partitions are re-created (the lost points are read again by a live worker), the
+model restored from the driver's copy, the codes re-derived by a Z step from ``h(X)``, and
+the interrupted iteration starts over.  New shards can join between iterations
+(``arrivals``): the partition with the fewest points loads them.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from ..engine.program import Broadcast, Program, Sends
+from ._itq import procrustes
+from ._retrieval import hamming_search, pack_codes, retrieval_precision
+from ._wstep import decoder_normal_equations, sgd_linear, sgd_svm, solve_decoder
+from ._zstep import z_step
+
+_ROWS = 65536
+
+
+def unit_groups(n_units: int, n_groups: int) -> list[np.ndarray]:
+    """Units ``u`` with ``u mod n_groups == g``, for every group ``g``."""
+    return [np.arange(g, n_units, n_groups) for g in range(n_groups)]
+
+
+def encode_rows(Xs, A, a) -> np.ndarray:
+    """``step(A x + a)`` of every row (uint8 codes), a block of rows at a time."""
+    out = np.empty((len(Xs), A.shape[0]), dtype=np.uint8)
+    for r in range(0, len(Xs), _ROWS):
+        out[r:r + _ROWS] = (Xs[r:r + _ROWS] @ A.T + a) > 0
+    return out
+
+
+def reconstruction_error(Xs, Z, B, b) -> float:
+    """``sum_n ||x_n - B z_n - b||^2``, a block of rows at a time."""
+    total = 0.0
+    for r in range(0, len(Xs), _ROWS):
+        res = Xs[r:r + _ROWS] - (Z[r:r + _ROWS] @ B.T + b)
+        total += float(np.einsum("ij,ij->", res, res))
+    return total
+
+
+class ParMACProgram(Program):
+    """Driver and worker logic of ParMAC for the binary autoencoder (module docstring).
+
+    Parameters
+    ----------
+    dataset : dense row dataset (`dmp.io.DenseDataset` or `dmp.io.InMemoryDenseDataset`)
+    n_bits, n_epochs : int
+    mu0, mu_factor : float
+        The penalty schedule ``mu_i = mu0 * mu_factor ** i``.
+    max_mac_iter : int
+        Length of the schedule.
+    batch_size, alpha : int, float
+        SGD minibatch size and L2 weight of the units.
+    decoder : {"exact", "sgd"}
+    z_method : {"auto", "enumerate", "alternate"}
+    itq_iter : int
+    validation : tuple or None
+        ``(queries, database, neighbours)``: raw points and, per query, the indices of its
+        true Euclidean neighbours in ``database``; the driver's validation check.
+    arrivals : dict, optional
+        ``{iteration: [shard, ...]}``: shards held back until that MAC iteration.
+    seed : int
+    """
+
+    name = "parmac"
+    primary_metric = "E_BA"
+    uses_ring = True
+    gather_partitions = False
+
+    def __init__(self, dataset, *, n_bits, n_epochs, mu0, mu_factor, max_mac_iter,
+                 batch_size, alpha, decoder, z_method, itq_iter, validation, arrivals,
+                 seed):
+        super().__init__()
+        if decoder not in ("exact", "sgd"):
+            raise ValueError(f"decoder must be 'exact' or 'sgd', got {decoder!r}")
+        self.dataset = dataset
+        self.n_bits = int(n_bits)
+        self.n_features = int(dataset.shape[1])
+        self.n_epochs = int(n_epochs)
+        self.mu0 = float(mu0)
+        self.mu_factor = float(mu_factor)
+        self.max_mac_iter = int(max_mac_iter)
+        self.batch_size = int(batch_size)
+        self.alpha = float(alpha)
+        self.decoder = decoder
+        self.z_method = z_method
+        self.itq_iter = int(itq_iter)
+        self.arrivals = {int(i): [int(k) for k in ks] for i, ks in (arrivals or {}).items()}
+        self.seed = int(seed)
+        # the driver keeps the validation set; partitions never need it
+        self._validation = validation
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state["_validation"] = None
+        return state
+
+    # ------------------------------------------------------------------ helpers
+    def mu(self, iteration: int) -> float:
+        return self.mu0 * self.mu_factor ** iteration
+
+    @property
+    def n_travelling(self) -> int:
+        """Submodels that travel the ring: the encoder units (+ the decoder's if SGD)."""
+        return self.n_bits + (self.n_features if self.decoder == "sgd" else 0)
+
+    def rounds_per_iteration(self, P: int) -> int:
+        return self.n_epochs * P + (P - 1) + 2
+
+    def max_rounds(self, P: int, max_recoveries: int = 5) -> int:
+        """An upper bound on the rounds of a fit (the driver stops it when it is done);
+        recoveries repeat at most one iteration each, plus a restore round."""
+        per = self.rounds_per_iteration(P)
+        return 2 + self.itq_iter + per * self.max_mac_iter + max_recoveries * (per + 1)
+
+    # ================================================================== worker side
+    def init_partition(self, spec):
+        X = self.dataset.load_row_shards(spec["shards"])
+        return {"p": spec["index"], "P": spec["n_parts"], "X": X, "Xs": None, "Z": None,
+                "model": None, "inbox": {}, "V": None}
+
+    def _scale(self, s):
+        """The partition's points in the model's [0, 1] coordinates (float32, kept)."""
+        if s["Xs"] is None:
+            s["Xs"] = (s["X"] - s["lo"].astype(np.float32)) * np.float32(1.0 / s["scale"])
+            s["X"] = None   # the raw copy is no longer needed
+        return s["Xs"]
+
+    def apply(self, s, update):
+        if update is None:
+            return
+        for key in ("lo", "scale", "mean", "W_pca", "R", "eta_enc", "eta_dec"):
+            if key in update:
+                s[key] = update[key]
+        if "decoder" in update and s["model"] is not None:
+            B, b = update["decoder"]
+            s["model"]["B"][:] = B
+            s["model"]["b"][:] = b
+
+    def receive(self, s, round, src, payload):
+        s["inbox"][round] = payload
+
+    def _take_inbox(self, s, round):
+        """Write the group received last round into the model; return it."""
+        msg = s["inbox"].pop(round - 1, None)
+        if msg is None:
+            return None
+        g, unit = msg
+        m = s["model"]
+        enc, dec = self._groups(s["P"])
+        m["A"][enc[g]] = unit["A"]
+        m["a"][enc[g]] = unit["a"]
+        m["ta"][enc[g]] = unit["ta"]
+        if self.decoder == "sgd":
+            m["B"][dec[g]] = unit["B"]
+            m["b"][dec[g]] = unit["b"]
+            m["tb"][dec[g]] = unit["tb"]
+        return g
+
+    def _groups(self, P):
+        enc = unit_groups(self.n_bits, P)
+        dec = unit_groups(self.n_features, P) if self.decoder == "sgd" else None
+        return enc, dec
+
+    def _group_payload(self, s, g):
+        m = s["model"]
+        enc, dec = self._groups(s["P"])
+        unit = {"A": m["A"][enc[g]], "a": m["a"][enc[g]], "ta": m["ta"][enc[g]]}
+        if self.decoder == "sgd":
+            unit.update(B=m["B"][dec[g]], b=m["b"][dec[g]], tb=m["tb"][dec[g]])
+        return unit
+
+    def _train_group(self, s, g, plan):
+        """One SGD pass over this partition's points for group ``g`` (in place)."""
+        Xs, Z = s["Xs"], s["Z"]
+        if len(Xs) == 0:
+            return
+        m = s["model"]
+        enc, dec = self._groups(s["P"])
+        rng = np.random.default_rng([self.seed, 3, plan["iteration"], plan["hop"], s["p"]])
+        order = rng.permutation(len(Xs)).astype(np.int64)
+        idx = enc[g]
+        if len(idx):
+            W, bias, steps = m["A"][idx], m["a"][idx], m["ta"][idx]
+            sgd_svm(W, bias, steps, Xs, np.ascontiguousarray(Z[:, idx]), order,
+                    self.batch_size, self.alpha, s["eta_enc"])
+            m["A"][idx], m["a"][idx], m["ta"][idx] = W, bias, steps
+        if self.decoder == "sgd" and len(dec[g]):
+            idx = dec[g]
+            W, bias, steps = m["B"][idx], m["b"][idx], m["tb"][idx]
+            sgd_linear(W, bias, steps, Z, Xs, idx.astype(np.int64), order, self.batch_size,
+                       self.alpha, s["eta_dec"])
+            m["B"][idx], m["b"][idx], m["tb"][idx] = W, bias, steps
+
+    def _decoder_sums(self, s):
+        G, F = decoder_normal_equations(s["Xs"], s["Z"])
+        return {"G": G, "F": F}
+
+    def _join(self, s, shards):
+        """Load new shards into this partition; their codes start as ``h(x)``."""
+        X = self.dataset.load_row_shards(shards)
+        Xs = (X - s["lo"].astype(np.float32)) * np.float32(1.0 / s["scale"])
+        m = s["model"]
+        s["Xs"] = np.concatenate([s["Xs"], Xs])
+        s["Z"] = np.concatenate([s["Z"], encode_rows(Xs, m["A"], m["a"])])
+
+    def push(self, s, plan):
+        kind, round = plan["kind"], plan["round"]
+        t0 = time.perf_counter()
+        if kind == "stats":
+            X = s["X"].astype(np.float64)
+            return {"n": len(X), "sum": X.sum(axis=0), "gram": X.T @ X,
+                    "min": X.min(axis=0), "max": X.max(axis=0)}
+        if kind == "restore":
+            self.apply(s, plan["settings"])
+        Xs = self._scale(s)
+        if kind == "itq":
+            if s["V"] is None:
+                s["V"] = (Xs - s["mean"]) @ s["W_pca"]
+            V = s["V"]
+            C = V.T @ np.where(V @ s["R"] >= 0, 1.0, -1.0)
+            return {"C": C}
+        if kind == "init":
+            s["V"] = None
+            A, a = plan["encoder"]
+            L, D = self.n_bits, self.n_features
+            s["model"] = {"A": np.array(A, dtype=np.float64), "a": np.array(a, dtype=np.float64),
+                          "ta": np.zeros(L, dtype=np.int64), "B": np.zeros((D, L)),
+                          "b": np.zeros(D), "tb": np.zeros(D, dtype=np.int64)}
+            s["Z"] = encode_rows(Xs, s["model"]["A"], s["model"]["a"])
+            return self._decoder_sums(s)
+        if kind == "restore":
+            s["model"] = {k: np.array(v) for k, v in plan["model"].items()}
+            m = s["model"]
+            H = encode_rows(Xs, m["A"], m["a"])
+            s["Z"] = H if plan["mu"] is None else z_step(
+                Xs, m["B"], m["b"], H, plan["mu"], method=self.z_method)
+            return self._decoder_sums(s)
+        P, p = s["P"], s["p"]
+        dest = (p - 1) % P
+        if kind == "hop":
+            h = plan["hop"]
+            if h == 0:
+                if plan.get("join") and plan["join"][0] == p:
+                    self._join(s, plan["join"][1])
+                g = p
+            else:
+                g = self._take_inbox(s, round)
+                if g is None:
+                    raise RuntimeError(f"partition {p}: no submodels arrived for hop {h}")
+            want = (p + h) % P
+            if g != want:
+                raise RuntimeError(f"partition {p} holds group {g} in hop {h}, expected {want}")
+            self._train_group(s, g, plan)
+            return Sends({"n": len(s["Xs"]), "train_s": time.perf_counter() - t0},
+                         {dest: (g, self._group_payload(s, g))})
+        if kind == "spread":
+            g = self._take_inbox(s, round)
+            return Sends({}, {dest: (g, self._group_payload(s, g))})
+        if kind == "check":
+            self._take_inbox(s, round)
+            m = s["model"]
+            H = encode_rows(Xs, m["A"], m["a"])
+            out = {"E_BA": reconstruction_error(Xs, H, m["B"], m["b"]),
+                   "penalty": int(np.count_nonzero(H != s["Z"])),
+                   "digest": _digest(m)}
+            if p == 0:
+                out["model"] = {k: m[k].copy() for k in ("A", "a", "B", "b", "ta", "tb")}
+            return out
+        if kind == "z":
+            m = s["model"]
+            H = encode_rows(Xs, m["A"], m["a"])
+            Z0 = s["Z"]
+            mu = plan["mu"]
+            Z = z_step(Xs, m["B"], m["b"], H, mu, method=self.z_method, Z0=Z0)
+            changed = int(np.count_nonzero(Z != Z0))
+            s["Z"] = Z
+            out = self._decoder_sums(s)
+            out.update({"E_Q": reconstruction_error(Xs, Z, m["B"], m["b"])
+                        + mu * int(np.count_nonzero(Z != H)),
+                        "penalty": int(np.count_nonzero(Z != H)), "changed": changed,
+                        "z_s": time.perf_counter() - t0})
+            return out
+        raise ValueError(f"unknown plan kind {kind!r}")
+
+    def partition_arrays(self, s):
+        out = {} if s["Z"] is None else {"Z": pack_codes(s["Z"])}
+        if s["model"] is not None:
+            out.update(s["model"])
+        return out
+
+    def codes_of_partition(self, s):
+        """This partition's codes (for tests)."""
+        return s["Z"]
+
+    # ================================================================== driver side
+    def partition_specs(self, n_partitions):
+        held = {k for ks in self.arrivals.values() for k in ks}
+        shards = [k for k in range(self.dataset.n_shards) if k not in held]
+        if len(shards) < n_partitions:
+            raise ValueError(f"the data has {len(shards)} shard(s) to start with but "
+                             f"{n_partitions} workers were requested")
+        rows = np.asarray(self.dataset.shard_rows())[shards]
+        from ..io.sparse import partition_shards
+
+        groups = partition_shards(rows, n_partitions)
+        return [{"shards": [shards[i] for i in g], "index": k, "n_parts": n_partitions,
+                 "rows": int(rows[g].sum())} for k, g in enumerate(groups)]
+
+    def partition_nbytes(self, spec):
+        # raw float32 points, their scaled copy, float64 temporaries of a block, codes
+        return spec["rows"] * (8 * self.n_features + 2 * self.n_bits) + 16 * _ROWS * max(
+            self.n_features, self.n_bits)
+
+    def start(self, n_partitions):
+        self.driver = {"P": n_partitions, "phase": "stats", "itq": 0, "iteration": 0,
+                       "hop": 0, "model": None, "z_mu": None, "records": [], "cur": {},
+                       "best_prec": math.nan, "best": None, "done": False,
+                       "stop_reason": "", "rows": None, "restore": False,
+                       "t_phase": time.perf_counter(), "E_BA": math.nan}
+        self.driver["rows"] = [sp["rows"] for sp in self.partition_specs(n_partitions)]
+
+    def after_loss(self):
+        """Continue after the partitions were re-created: restore the model from the
+        driver's copy and start the interrupted iteration over (None: before the model
+        existed, start over)."""
+        dr = self.driver
+        if dr.get("model") is None:
+            return False
+        dr["restore"] = True
+        dr["phase"] = "restore"
+        return True
+
+    def schedule(self, round):
+        dr = self.driver
+        P = dr["P"]
+        phase = dr["phase"]
+        if phase == "restore":
+            plan = {"kind": "restore", "round": round, "model": dr["model"],
+                    "mu": dr["z_mu"], "settings": dr["settings"]}
+            return [plan] * P
+        if phase in ("stats", "itq", "check"):
+            return [{"kind": phase, "round": round}] * P
+        if phase == "init":
+            return [{"kind": "init", "round": round, "encoder": dr["encoder0"]}] * P
+        it = dr["iteration"]
+        if phase == "hop":
+            plan = {"kind": "hop", "round": round, "hop": dr["hop"], "iteration": it}
+            if dr["hop"] == 0 and it in self.arrivals:
+                plan["join"] = (int(np.argmin(dr["rows"])), self.arrivals[it])
+            return [plan] * P
+        if phase == "spread":
+            return [{"kind": "spread", "round": round}] * P
+        if phase == "z":
+            return [{"kind": "z", "round": round, "mu": self.mu(it)}] * P
+        raise RuntimeError(f"unknown phase {phase!r}")
+
+    def needs_barrier(self, round):
+        return True
+
+    def _stats(self, partials):
+        dr = self.driver
+        n = sum(q["n"] for q in partials)
+        total = np.sum([q["sum"] for q in partials], axis=0)
+        gram = np.sum([q["gram"] for q in partials], axis=0)
+        lo = np.min([q["min"] for q in partials], axis=0)
+        hi = np.max([q["max"] for q in partials], axis=0)
+        scale = float(np.max(hi - lo))
+        if not scale > 0:
+            raise ValueError("every point is the same: the data has no variation to hash")
+        # statistics of the scaled points xs = (x - lo) / scale, from the raw sums
+        mean_raw = total / n
+        cov = (gram / n - np.outer(mean_raw, mean_raw)) / scale ** 2
+        mean = (mean_raw - lo) / scale
+        evals, evecs = np.linalg.eigh(cov)
+        W_pca = np.ascontiguousarray(evecs[:, ::-1][:, :self.n_bits])
+        rng = np.random.default_rng([self.seed, 4])
+        R, _ = np.linalg.qr(rng.standard_normal((self.n_bits, self.n_bits)))
+        sq = float(np.trace(cov) + mean @ mean)     # mean ||x||^2 of the scaled points
+        dr.update(n=n, lo=lo, scale=scale, mean=mean, W_pca=W_pca, R=R)
+        # what a re-created partition needs besides the model (after a worker loss)
+        dr["settings"] = {"lo": lo, "scale": scale, "eta_enc": 1.0 / (sq + 1.0),
+                          "eta_dec": 1.0 / (self.n_bits / 2 + 1.0)}
+        return {"mean": mean, "W_pca": W_pca, "R": R, **dr["settings"]}
+
+    def _solve(self, partials):
+        G = np.sum([q["G"] for q in partials], axis=0)
+        F = np.sum([q["F"] for q in partials], axis=0)
+        return solve_decoder(G, F)
+
+    def validation_precision(self, model) -> float:
+        """Precision of Hamming ranking on the validation set for ``model``, or nan."""
+        if self._validation is None:
+            return math.nan
+        Q, Db, truth = self._validation
+        dr = self.driver
+        A, a = model["A"], model["a"]
+        cq = pack_codes(encode_rows((Q - dr["lo"]) / dr["scale"], A, a))
+        cd = pack_codes(encode_rows((Db - dr["lo"]) / dr["scale"], A, a))
+        found, _ = hamming_search(cq, cd, truth.shape[1], self.n_bits)
+        return retrieval_precision(found, truth)[0]
+
+    def _close_phase(self, key):
+        dr = self.driver
+        now = time.perf_counter()
+        dr["cur"][key] = dr["cur"].get(key, 0.0) + now - dr["t_phase"]
+        dr["t_phase"] = now
+
+    def pull(self, round, partials):
+        dr = self.driver
+        P = dr["P"]
+        phase = dr["phase"]
+        dr["tag"] = (phase, dr["iteration"])
+        if phase == "stats":
+            upd = self._stats(partials)
+            dr["phase"] = "itq" if self.itq_iter > 0 else "init"
+            if self.itq_iter == 0:
+                self._init_encoder()
+            return Broadcast(upd)
+        if phase == "itq":
+            dr["R"] = procrustes(np.sum([q["C"] for q in partials], axis=0))
+            dr["itq"] += 1
+            if dr["itq"] >= self.itq_iter:
+                self._init_encoder()
+                dr["phase"] = "init"
+            return Broadcast({"R": dr["R"]})
+        if phase in ("init", "restore"):
+            B, b = self._solve(partials)
+            if phase == "init":
+                A, a = dr["encoder0"]
+                L, D = self.n_bits, self.n_features
+                dr["model"] = {"A": A, "a": a, "B": B, "b": b, "ta": np.zeros(L, np.int64),
+                               "tb": np.zeros(D, np.int64)}
+                dr["best_prec"] = dr["init_precision"] = self.validation_precision(
+                    dr["model"])
+                dr["best"], dr["best_iteration"] = dr["model"], -1
+            dr["phase"], dr["hop"] = "hop", 0
+            dr["restore"] = False
+            dr["cur"] = {"iteration": dr["iteration"], "mu": self.mu(dr["iteration"]),
+                         "w_s": 0.0, "z_s": 0.0, "check_s": 0.0}
+            dr["t_phase"] = time.perf_counter()
+            # the SGD decoder starts from the exact one, then keeps its own state
+            if phase == "init" or self.decoder == "exact":
+                return Broadcast({"decoder": (B, b)})
+            return None
+        if phase == "hop":
+            dr["hop"] += 1
+            if dr["hop"] == 1 and self.arrivals.get(dr["iteration"]):
+                j = int(np.argmin(dr["rows"]))
+                dr["rows"][j] = partials[j]["n"]
+                dr["n"] = sum(dr["rows"])
+            dr["cur"]["train_s"] = dr["cur"].get("train_s", 0.0) + max(
+                q["train_s"] for q in partials)
+            if dr["hop"] == self.n_epochs * P:
+                dr["phase"] = "spread" if P > 1 else "check"
+                dr["hop"] = 1
+                if P == 1:
+                    self._close_phase("w_s")
+            return None
+        if phase == "spread":
+            dr["hop"] += 1
+            if dr["hop"] == P:
+                dr["phase"] = "check"
+                self._close_phase("w_s")
+            return None
+        if phase == "check":
+            digests = {q["digest"] for q in partials}
+            model = partials[0]["model"]
+            prec = self.validation_precision(model)
+            cur = dr["cur"]
+            cur.update(E_BA=sum(q["E_BA"] for q in partials) / dr["n"],
+                       penalty_w=sum(q["penalty"] for q in partials),
+                       precision=prec, identical=len(digests) == 1)
+            dr["E_BA"] = cur["E_BA"]
+            dr["candidate"] = model
+            # the validation check: keep the model with the best validation precision
+            if not prec <= dr["best_prec"]:
+                dr["best_prec"], dr["best"] = prec, model
+                dr["best_iteration"] = dr["iteration"]
+            dr["phase"] = "z"
+            self._close_phase("check_s")
+            return None
+        if phase == "z":
+            it = dr["iteration"]
+            dr["model"] = dr["candidate"]
+            dr["z_mu"] = self.mu(it)
+            cur = dr["cur"]
+            pen = sum(q["penalty"] for q in partials)
+            cur.update(E_Q=sum(q["E_Q"] for q in partials) / dr["n"], penalty=pen,
+                       changed=sum(q["changed"] for q in partials))
+            self._close_phase("z_s")
+            dr["records"].append(dict(cur))
+            B, b = self._solve(partials)
+            dr["iteration"] += 1
+            arriving = any(i >= dr["iteration"] for i in self.arrivals)
+            if pen == 0 and not arriving:
+                dr["done"], dr["stop_reason"] = True, "Z = h(X)"
+            elif dr["iteration"] >= self.max_mac_iter:
+                dr["done"], dr["stop_reason"] = True, "schedule ended"
+            dr["phase"], dr["hop"] = "hop", 0
+            dr["cur"] = {"iteration": dr["iteration"], "mu": self.mu(dr["iteration"]),
+                         "w_s": 0.0, "z_s": 0.0, "check_s": 0.0}
+            dr["t_phase"] = time.perf_counter()
+            if self.decoder == "exact":
+                return Broadcast({"decoder": (B, b)})
+            return None
+        raise RuntimeError(f"unknown phase {phase!r}")
+
+    def _init_encoder(self):
+        dr = self.driver
+        proj = dr["W_pca"] @ dr["R"]                   # (D, L)
+        dr["encoder0"] = (np.ascontiguousarray(proj.T), -dr["mean"] @ proj)
+
+    def metrics(self):
+        dr = self.driver
+        phase, it = dr.get("tag", ("stats", 0))
+        return {"phase": phase, "iteration": it, "E_BA": dr["E_BA"],
+                "precision": dr["records"][-1]["precision"] if dr["records"] else math.nan}
+
+    def progress_postfix(self):
+        return {"iter": self.driver["iteration"], "E_BA": f"{self.driver['E_BA']:.4g}"}
+
+    def converged(self):
+        return self.driver["done"]
+
+
+def _digest(model) -> str:
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    for k in ("A", "a", "B", "b"):
+        h.update(np.ascontiguousarray(model[k]).tobytes())
+    return h.hexdigest()

@@ -1,0 +1,73 @@
+"""Serial binary-autoencoder MAC with SGD W steps, in plain numpy (the reference ParMAC must
+equal with one worker): scaling, ITQ, hinge-loss minibatch SGD per bit written with array
+operations, the decoder by regularised normal equations, and the Z step by brute-force
+enumeration of all 2^L codes.  It draws the same random numbers as the program (the initial
+rotation and each hop's minibatch order) and stores the points in float32 like it."""
+
+import numpy as np
+
+
+def serial_ba_mac(X, *, n_bits, n_epochs, mu0, mu_factor, max_iter, batch, lam, seed,
+                  itq_iter):
+    X32 = np.asarray(X, dtype=np.float32)
+    X64 = X32.astype(np.float64)
+    n, D = X64.shape
+    L = n_bits
+    lo = X64.min(axis=0)
+    scale = float(np.max(X64.max(axis=0) - lo))
+    mean_raw = X64.sum(axis=0) / n
+    cov = ((X64.T @ X64) / n - np.outer(mean_raw, mean_raw)) / scale ** 2
+    mean = (mean_raw - lo) / scale
+    Xs = (X32 - lo.astype(np.float32)) * np.float32(1.0 / scale)
+    # ITQ on the scaled points
+    _, evecs = np.linalg.eigh(cov)
+    W_pca = evecs[:, ::-1][:, :L]
+    R, _ = np.linalg.qr(np.random.default_rng([seed, 4]).standard_normal((L, L)))
+    V = (Xs - mean) @ W_pca
+    for _ in range(itq_iter):
+        U, _, Wt = np.linalg.svd(V.T @ np.where(V @ R >= 0, 1.0, -1.0))
+        R = U @ Wt
+    proj = W_pca @ R
+    A, a = proj.T.copy(), -mean @ proj
+    Z = ((Xs @ A.T + a) > 0).astype(np.float64)
+    eta0 = 1.0 / (np.trace(cov) + mean @ mean + 1.0)
+    steps = 0
+    codes = np.array([[(c >> l) & 1 for l in range(L)] for c in range(2 ** L)], dtype=float)
+
+    def decoder(Z):
+        Z1 = np.hstack([Z, np.ones((n, 1))])
+        G, F = Z1.T @ Z1, Z1.T @ Xs.astype(np.float64)
+        ridge = 1e-8 * max(np.trace(G) / (L + 1), 1.0)
+        theta = np.linalg.solve(G + ridge * np.eye(L + 1), F)
+        return theta[:-1].T, theta[-1]
+
+    B, b = decoder(Z)
+    history = []
+    for it in range(max_iter):
+        mu = mu0 * mu_factor ** it
+        # W step: e epochs of minibatch SGD for every bit's SVM (one worker: hop = epoch)
+        Y = 2.0 * Z - 1.0
+        for hop in range(n_epochs):
+            order = np.random.default_rng([seed, 3, it, hop, 0]).permutation(n)
+            for s in range(0, n, batch):
+                idx = order[s:s + batch]
+                Xb, Yb = Xs[idx].astype(np.float64), Y[idx]
+                active = (Yb * (Xb @ A.T + a)) < 1.0             # (batch, L)
+                gW = -(Yb * active).T @ Xb / len(idx)
+                gb = -(Yb * active).sum(axis=0) / len(idx)
+                eta = eta0 / (1.0 + eta0 * lam * steps)
+                A -= eta * (lam * A + gW)
+                a -= eta * gb
+                steps += 1
+        # Z step: every code of every point
+        H = ((Xs @ A.T + a) > 0).astype(np.float64)
+        rec = Xs.astype(np.float64)[:, None, :] - (codes @ B.T + b)[None, :, :]
+        e = np.einsum("nkd,nkd->nk", rec, rec) + mu * (H @ (1 - codes.T) + (1 - H) @ codes.T)
+        Z = codes[np.argmin(e, axis=1)]
+        used = (B, b)               # the decoder of this Z step (the fitted model's)
+        B, b = decoder(Z)
+        history.append({"mu": mu, "penalty": int(np.sum(Z != H))})
+        if np.array_equal(Z, H):
+            break
+    return {"A": A, "a": a, "B": used[0], "b": used[1], "Z": Z.astype(np.uint8), "lo": lo,
+            "scale": scale, "history": history}
