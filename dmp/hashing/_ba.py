@@ -219,7 +219,7 @@ class BinaryAutoencoder(TransformerMixin, BaseEstimator):
         """
         self._validate_params()
         D = int(X.shape[1]) if len(getattr(X, "shape", ())) == 2 else None
-        if D is not None and self.n_bits > D:
+        if D is not None and 1 <= D < self.n_bits:
             raise ValueError(f"n_bits={self.n_bits} exceeds the {D} features: the decoder "
                              f"and the ITQ initialisation need n_bits <= n_features")
         if self.z_method == "enumerate" and self.n_bits > 16:

@@ -1,0 +1,89 @@
+"""ParMAC on a real Dask cluster: same result as in process, stored points read by the
+workers (with a shard that joins later), and a worker killed during the W step."""
+
+import logging
+import os
+import signal
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+
+from dmp.hashing import BinaryAutoencoder, euclidean_neighbors, hamming_search, \
+    retrieval_precision
+from dmp.io import append_dense_shard, open_dataset, write_dense
+
+pytestmark = [pytest.mark.dask, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster3():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
+                      dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
+            Client(cluster) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def digits():
+    X = load_digits().data
+    perm = np.random.default_rng(0).permutation(len(X))
+    return X[perm[300:]], X[perm[:300]]
+
+
+def _precision(ba, Db, Q, n_bits=16):
+    truth = euclidean_neighbors(Q, Db, 50)
+    found, _ = hamming_search(ba.transform(Q), ba.transform(Db), 50, n_bits)
+    return retrieval_precision(found, truth)[0]
+
+
+def test_dask_gives_the_in_process_model(cluster3, digits):
+    Db, _ = digits
+    kw = dict(max_iter=4, random_state=0, n_workers=3)
+    local = BinaryAutoencoder(16, backend="local", **kw).fit(Db)
+    dask = BinaryAutoencoder(16, backend="dask", **kw).fit(Db)
+    np.testing.assert_array_equal(dask.coef_, local.coef_)
+    np.testing.assert_array_equal(dask.decoder_coef_, local.decoder_coef_)
+    np.testing.assert_array_equal(dask.history_["bytes_ring"], local.history_["bytes_ring"])
+    assert dask.history_["bytes_ring"][0] > 0 and dask.history_["identical"].all()
+
+
+def test_stored_points_and_a_shard_that_joins(cluster3, digits, tmp_path):
+    Db, Q = digits
+    ds = write_dense(tmp_path / "pts.zarr", Db[:1000], n_shards=3)
+    ds = append_dense_shard(ds, Db[1000:])
+    ds = open_dataset(tmp_path / "pts.zarr")
+    assert ds.n_shards == 4 and ds.n_samples == len(Db)
+    ba = BinaryAutoencoder(16, max_iter=6, random_state=0, backend="dask", n_workers=3)
+    ba.fit(ds, arrivals={2: [3]})
+    assert ba.n_samples_fit_ == len(Db) and ba.n_iter_ >= 3
+    assert _precision(ba, Db, Q) > 0.5
+
+
+@pytest.mark.timeout(240)
+def test_worker_killed_during_the_w_step(cluster3, digits):
+    Db, Q = digits
+    kw = dict(random_state=0, backend="dask", n_workers=3)
+    undisturbed = BinaryAutoencoder(16, **kw).fit(Db)
+    killed = []
+
+    def kill_in_w_step(round, metrics):
+        if not killed and metrics.get("phase") == "hop" and metrics.get("iteration") == 3:
+            pids = cluster3.run(os.getpid)
+            names = {a: w["name"] for a, w in cluster3.scheduler_info()["workers"].items()}
+            for addr, pid in pids.items():
+                if str(names.get(addr)) == "1":
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(round)
+                    break
+        return False
+
+    ba = BinaryAutoencoder(16, callback=kill_in_w_step, **kw).fit(Db)
+    assert killed and len(ba.recoveries_) == 1
+    # the interrupted iteration ran again from the driver's copy of the model
+    assert list(ba.history_["iteration"]) == list(range(ba.n_iter_))
+    assert ba.history_["identical"].all()
+    p0, p1 = _precision(undisturbed, Db, Q), _precision(ba, Db, Q)
+    assert abs(p1 - p0) <= 0.02, (p0, p1)
