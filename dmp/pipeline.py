@@ -40,12 +40,15 @@ import yaml
 from .engine.backends.dask import cluster_workers
 
 _KEYS = {"name", "description", "dataset", "estimator", "compare", "cluster",
-         "checkpoint_every", "output", "reference", "checkpoints", "storage_options"}
+         "checkpoint_every", "output", "reference", "checkpoints", "storage_options",
+         "evaluation"}
 _ESTIMATORS = {"Lasso": "dmp.linear_model:Lasso",
                "SparsifiedSGDClassifier": "dmp.linear_model:SparsifiedSGDClassifier",
                "SparsifiedSGDRegressor": "dmp.linear_model:SparsifiedSGDRegressor",
                "MatrixFactorization": "dmp.decomposition:MatrixFactorization",
-    "LatentDirichletAllocation": "dmp.decomposition:LatentDirichletAllocation"}
+    "LatentDirichletAllocation": "dmp.decomposition:LatentDirichletAllocation",
+    "BinaryAutoencoder": "dmp.hashing:BinaryAutoencoder"}
+_EVALUATION_KEYS = {"k", "baselines"}
 _SPARSIFIED = ("SparsifiedSGDClassifier", "SparsifiedSGDRegressor")
 _CLUSTER_KEYS = {"n_workers", "threads_per_worker", "memory_limit"}
 
@@ -148,6 +151,22 @@ def load_pipeline(path) -> dict:
         fail("give either 'alpha' or 'alpha_ratio', not both",
              "estimator", "params", "alpha_ratio")
     _check_params(est["class"], params, compare, fail)
+    ev = spec.get("evaluation")
+    if ev is not None:
+        if est["class"] != "BinaryAutoencoder" or not isinstance(ev, dict):
+            fail("'evaluation' is a mapping {k, baselines}, for BinaryAutoencoder",
+                 "evaluation")
+        for key in ev:
+            if key not in _EVALUATION_KEYS:
+                fail(f"unknown key {key!r} under 'evaluation'; allowed: "
+                     f"{sorted(_EVALUATION_KEYS)}", "evaluation", key)
+        k = ev.get("k", 50)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            fail(f"'evaluation.k' must be a positive integer, got {k!r}", "evaluation", "k")
+        bl = ev.get("baselines", ["itq", "pca"])
+        if not isinstance(bl, list) or any(b not in ("itq", "pca") for b in bl):
+            fail(f"'evaluation.baselines' must be a list of itq, pca; got {bl!r}",
+                 "evaluation", "baselines")
     ref = spec.get("reference")
     if ref is not None and (ref != "lbfgs" or est["class"] not in _SPARSIFIED):
         fail(f"'reference' may only be 'lbfgs', for {' / '.join(_SPARSIFIED)}; got {ref!r}",
@@ -284,7 +303,73 @@ def _write_topics(out: Path, est, ds) -> None:
                     "topic_word_prior": est.topic_word_prior_})
 
 
+def _ba_summary(est, wall_s):
+    h = est.history_
+    return {"objective": float(h["E_BA"][-1]), "E_BA": [float(v) for v in h["E_BA"]],
+            "penalty": [int(v) for v in h["penalty"]], "mu": [float(v) for v in h["mu"]],
+            "validation_precision": [float(v) for v in h["precision"]],
+            "mac_iterations": int(est.n_iter_), "stop_reason": est.stop_reason_,
+            "best_iteration": est.best_iteration_, "rounds": int(len(est.round_history_["round"])),
+            "wall_time_s": wall_s, "w_step_s": float(np.sum(h["w_s"])),
+            "z_step_s": float(np.sum(h["z_s"])), "n_workers": est.n_workers_,
+            "bytes": {"ring": int(np.sum(h["bytes_ring"])),
+                      "driver": int(np.sum(h["bytes_driver"]))},
+            "recoveries": est.recoveries_}
+
+
+def _hashing_report(out: Path, spec, ds, fitted, cmp_key, log) -> dict:
+    """Precision@k and recall against the Euclidean ground truth for every fit and for the
+    ITQ / PCA baselines (retrieval.png), E_BA per iteration (convergence.png), measured
+    against predicted speed-up when the fits compared worker counts (speedup.png); the
+    hash functions go to hash.zarr."""
+    import zarr
+
+    from .hashing._report import evaluate_hashing, speedup_report
+    from .plotting import plot_parmac, plot_retrieval, plot_speedup
+
+    ev = spec.get("evaluation") or {}
+    main = next(iter(fitted.values()))
+    base = ds.load_row_shards(list(range(ds.n_shards)))
+    queries = ds.load_queries() if hasattr(ds, "load_queries") else None
+    if queries is None:   # no held-out queries: 500 base points, left in the base
+        rng = np.random.default_rng(0)
+        queries = base[rng.choice(len(base), min(500, len(base)), replace=False)]
+        log("the dataset has no held-out queries: using 500 of its points")
+    labelled = {f"BA {cmp_key}={k}" if cmp_key else "BA": e for k, e in fitted.items()}
+    k = int(ev.get("k", 50))
+    quality = evaluate_hashing(labelled, base, queries, k=k, n_bits=main.coef_.shape[0],
+                               baselines=tuple(ev.get("baselines", ["itq", "pca"])))
+    for name, q in quality.items():
+        log(f"  {name:>16}: precision@{k} {q['precision_at_k']:.4f}  recall@"
+            f"{q['n_retrieved'][-1]} {q['recall'][-1]:.4f}")
+    plot_retrieval({n: (q["n_retrieved"], q["recall"]) for n, q in quality.items()}, k=k,
+                   path=str(out / "retrieval.png"))
+    plot_parmac(main.history_, path=str(out / "convergence.png"))
+    report = {"k": k, "n_queries": int(len(queries)), "quality": quality}
+    by_workers = {int(P): e for P, e in fitted.items()} if cmp_key == "n_workers" else {}
+    if 1 in by_workers:
+        sp = speedup_report(by_workers)
+        report["speedup"] = sp
+        grid = np.unique(np.geomspace(1, 128, 30).astype(int))
+        from .hashing import parmac_time
+
+        T1 = parmac_time(1, **sp["costs"])
+        plot_speedup(sp["measured_speedup"],
+                     (grid, [T1 / parmac_time(int(P), **sp["costs"]) for P in grid]),
+                     path=str(out / "speedup.png"))
+        for P, s in sp["measured_speedup"].items():
+            log(f"  speed-up with {P} workers: measured {s:.2f}, model "
+                f"{sp['predicted_speedup'][P]:.2f}")
+    g = zarr.open_group(str(out / "hash.zarr"), mode="w")
+    for name in ("coef_", "intercept_", "decoder_coef_", "decoder_intercept_"):
+        g.create_array(name.rstrip("_"), data=np.asarray(getattr(main, name)))
+    g.attrs.update({"estimator": type(main).__name__, "n_bits": int(main.coef_.shape[0])})
+    return report
+
+
 def _summary(est, wall_s, reference=None, ds=None):
+    if hasattr(est, "decoder_coef_"):
+        return _ba_summary(est, wall_s)
     h = est.history_
     push = np.asarray(h["push_s"], dtype=float)
     kernel_s = float(push.mean(axis=1).sum())
@@ -381,9 +466,11 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
                 store.clear()
             # backend: local in the params simulates its n_workers in this process
             p.setdefault("backend", client)
-            est = cls(**p, show_progress=show_progress, checkpoint=str(ckpt),
-                      checkpoint_every=int(spec.get("checkpoint_every", 50)),
-                      resume=bool(resume and has_ckpt))
+            if "checkpoint" in cls().get_params():
+                p.update(checkpoint=str(ckpt),
+                         checkpoint_every=int(spec.get("checkpoint_every", 50)),
+                         resume=bool(resume and has_ckpt))
+            est = cls(**p, show_progress=show_progress)
             where = (f"{p.get('n_workers') or n_workers} partitions on {n_workers} Dask workers"
                      if p["backend"] is client else f"backend {p['backend']!r}")
             what = f" ({cmp_key}={value})" if cmp_key else ""
@@ -392,9 +479,12 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
             est.fit(ds)
             wall = time.perf_counter() - t0
             runs[label] = _summary(est, wall, reference, ds)
-            histories[label] = est.history_
+            histories[label] = getattr(est, "round_history_", est.history_)
             fitted[label] = est
-            if hasattr(est, "topic_word_counts_"):
+            if hasattr(est, "decoder_coef_"):
+                extra = (f"E_BA {est.history_['E_BA'][-1]:.5g}  MAC iterations "
+                         f"{est.n_iter_} ({est.stop_reason_})")
+            elif hasattr(est, "topic_word_counts_"):
                 extra = (f"log-likelihood/token {runs[label]['ll_per_token']:.5f}  "
                          f"sweeps {est.n_iter_}")
             elif hasattr(est, "dual_gap_"):
@@ -420,7 +510,9 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
         from .plotting import plot_convergence, plot_rmse, plot_suboptimality
 
         labelled = {f"{cmp_key}={k}" if cmp_key else k: h for k, h in histories.items()}
-        if hasattr(main, "topic_word_counts_"):
+        if hasattr(main, "decoder_coef_"):
+            metrics["hashing"] = _hashing_report(tmp_out, spec, ds, fitted, cmp_key, log)
+        elif hasattr(main, "topic_word_counts_"):
             from .plotting import plot_training as _plot
 
             _write_topics(tmp_out, main, ds)
@@ -446,7 +538,8 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
             safe = re.sub(r"[^A-Za-z0-9_.+=-]+", "_", label)
             plot_training(h, path=str(tmp_out / f"training-{safe}.png"),
                           title=f"{est_spec['class']} {label}",
-                          metric="ll_per_token" if "ll_per_token" in h else "objective")
+                          metric=next(m for m in ("ll_per_token", "E_BA", "objective")
+                                      if m in h))
         with open(tmp_out / "metrics.json", "w") as f:
             json.dump(metrics, f, indent=2, default=_json_default)
         shutil.copy(spec["_path"], tmp_out / "pipeline.yaml")

@@ -219,3 +219,63 @@ def plot_training(history, *, path=None, metric: str = "objective", title: str |
         fig.suptitle(title)
     fig.tight_layout()
     return _finish(fig, path)
+
+
+def plot_parmac(history, *, path=None, title: str = "BinaryAutoencoder (ParMAC)"):
+    """A binary autoencoder's MAC iterations (`BinaryAutoencoder.history_`): E_BA after each
+    W step, the penalty ``||Z - h(X)||^2`` after each Z step, the validation precision, and
+    the W- and Z-step seconds."""
+    plt = _pyplot(path)
+    if not len(history) or "iteration" not in history:
+        raise ValueError("history is empty: fit the estimator first")
+    it = np.asarray(history["iteration"])
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7))
+    axes[0, 0].plot(it, history["E_BA"], marker=".")
+    axes[0, 0].set(xlabel="MAC iteration", ylabel="E_BA (mean, scaled data)",
+                   title="reconstruction error of h and f")
+    pen = np.asarray(history["penalty"], dtype=float)
+    axes[0, 1].plot(it, np.maximum(pen, 0.5), marker=".")
+    axes[0, 1].set(xlabel="MAC iteration", ylabel="bits with z != h(x)", yscale="log",
+                   title="penalty after the Z step")
+    axes[1, 0].plot(it, history["precision"], marker=".")
+    axes[1, 0].set(xlabel="MAC iteration", ylabel="precision", title="validation precision")
+    axes[1, 1].bar(it - 0.2, history["w_s"], width=0.4, label="W step")
+    axes[1, 1].bar(it + 0.2, history["z_s"], width=0.4, label="Z step")
+    axes[1, 1].set(xlabel="MAC iteration", ylabel="seconds", title="step times")
+    axes[1, 1].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return _finish(fig, path)
+
+
+def plot_retrieval(curves: dict, *, k: int, path=None):
+    """Recall of the ``k`` true Euclidean neighbours against the number of points retrieved
+    in Hamming order, one line per method (``curves[name] = (n_retrieved, recall)``)."""
+    plt = _pyplot(path)
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for name, (n, recall) in curves.items():
+        ax.plot(n, recall, marker=".", label=name)
+    ax.set(xscale="log", xlabel="points retrieved (Hamming ranking)",
+           ylabel=f"recall of the {k} Euclidean neighbours", ylim=(0, 1.02),
+           title="retrieval quality")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _finish(fig, path)
+
+
+def plot_speedup(measured: dict, predicted, *, path=None):
+    """Measured speed-ups ``{P: S}`` against the model's curve ``(P values, S values)``."""
+    plt = _pyplot(path)
+    fig, ax = plt.subplots(figsize=(7, 5))
+    P, S = predicted
+    ax.plot(P, S, label="model T(1)/T(P)")
+    ax.plot(P, P, ls=":", color="grey", label="perfect")
+    mp = sorted(measured)
+    ax.plot(mp, [measured[p] for p in mp], "o", ms=8, label="measured")
+    ax.set(xscale="log", yscale="log", xlabel="workers P", ylabel="speed-up",
+           title="ParMAC speed-up: measured and predicted")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _finish(fig, path)

@@ -64,10 +64,14 @@ def parmac_speedup(P, **costs) -> float:
 
 
 def measured_costs(estimator) -> dict:
-    """The model's inputs measured in a fitted `BinaryAutoencoder`'s rounds: median seconds
-    per submodel-point of the W step's SGD (``t_w``), per point of the Z step (``t_z``),
-    and per submodel hand-over (``t_c``, from the workers' ring timings), with ``n_points``,
-    ``n_submodels``, ``n_epochs``; ready for `parmac_time`."""
+    """The model's inputs measured in a fitted `BinaryAutoencoder`'s rounds.
+
+    ``t_w``: the median hop's slowest SGD pass over ``ceil(M/P)`` submodels and ``N/P``
+    points, per submodel-point; ``t_z``: the median Z step's slowest worker, per point;
+    ``t_c``: the median hop's time beyond its slowest push (hand-over, barrier and
+    scheduling -- everything the compute does not explain), per submodel.  Returned with
+    ``n_points``, ``n_submodels`` and ``n_epochs``, ready for `parmac_time`.
+    """
     h = estimator.round_history_
     P = estimator.n_workers_
     M = estimator.coef_.shape[0] + (estimator.n_features_in_
@@ -75,13 +79,12 @@ def measured_costs(estimator) -> dict:
     N = estimator.n_samples_fit_
     per = math.ceil(M / P)
     phase = np.asarray(h["phase"])
+    push = np.asarray(h["push_s"], dtype=float).reshape(len(phase), -1).max(axis=1)
+    round_s = np.asarray(h["round_s"], dtype=float)
     hops = phase == "hop"
-    push = np.asarray(h["push_s"], dtype=float).reshape(len(phase), -1)
-    # the slowest worker sets a hop's length; it updates ceil(M/P) submodels on N/P points
-    t_w = float(np.median(push[hops].max(axis=1))) / (per * N / P)
-    t_z = float(np.median(push[phase == "z"].max(axis=1))) / (N / P)
-    ring = np.asarray(h["ring_s"], dtype=float).reshape(len(phase), -1)
+    t_w = float(np.median(push[hops])) / (per * N / P)
+    t_z = float(np.median(push[phase == "z"])) / (N / P)
     sends = hops | (phase == "spread")
-    t_c = float(np.median(ring[sends].max(axis=1))) / per if P > 1 and sends.any() else 0.0
+    t_c = float(np.median(round_s[sends] - push[sends])) / per
     return {"n_points": N, "n_submodels": M, "n_epochs": int(estimator.n_epochs),
-            "t_w": t_w, "t_z": t_z, "t_c": t_c}
+            "t_w": t_w, "t_z": t_z, "t_c": max(t_c, 0.0)}

