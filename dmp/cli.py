@@ -61,11 +61,14 @@ _OPTS = {
     "uci": {"shards": "--shards", "vocab": "--vocab"},
     "text": {"shards": "--shards", "per": "--per", "min_count": "--min-count",
              "stop_words": "--stop-words"},
+    "features": {"shards": "--shards", "n_queries": "--queries",
+                 "queries_source": "--queries-file", "max_points": "--max-points",
+                 "seed": "--seed"},
 }
 
 
 def _cmd_data_convert(args) -> int:
-    from .io import convert_corpus, convert_ratings, convert_svmlight
+    from .io import convert_corpus, convert_features, convert_ratings, convert_svmlight
 
     own = _OPTS[args.format]
     given = sorted({flag for opts in _OPTS.values() for dest, flag in opts.items()
@@ -89,6 +92,13 @@ def _cmd_data_convert(args) -> int:
                             stop_words=None if args.stop_words == "none"
                             else (args.stop_words or "english"),
                             min_count=5 if args.min_count is None else args.min_count)
+    elif args.format == "features":
+        ds = convert_features(args.source, args.dest, n_shards=args.shards,
+                              n_queries=args.n_queries or 0,
+                              queries_source=args.queries_source,
+                              max_points=args.max_points,
+                              seed=0 if args.seed is None else args.seed,
+                              overwrite=args.overwrite)
     else:
         raise ValueError(f"unknown format {args.format!r}; known: {', '.join(_OPTS)}")
     print(ds)
@@ -96,7 +106,7 @@ def _cmd_data_convert(args) -> int:
 
 
 def _cmd_data_info(args) -> int:
-    from .io import RatingsDataset, SparseRowDataset, open_dataset
+    from .io import DenseDataset, RatingsDataset, SparseRowDataset, open_dataset
 
     ds = open_dataset(args.path)
     if args.validate:
@@ -105,6 +115,10 @@ def _cmd_data_info(args) -> int:
     if isinstance(ds, SparseRowDataset):
         print(f"kind: {ds.KIND}")
         print(f"row_bounds: {ds.row_bounds.tolist()}")
+    if isinstance(ds, DenseDataset):
+        print(f"kind: {ds.KIND}")
+        print(f"row_bounds: {ds.row_bounds.tolist()}")
+        print(f"held-out queries: {ds.n_queries}")
     if isinstance(ds, RatingsDataset):
         print(f"kind: {ds.KIND}")
         print(f"shape: {ds.n_users} users x {ds.n_items} items")
@@ -187,10 +201,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("format", choices=list(_OPTS),
                    help="svmlight: LIBSVM file -> sparse store; ratings: user/item/rating "
                         "file -> ratings store; uci: UCI bag-of-words docword file -> "
-                        "corpus store; text: plain-text documents -> corpus store")
+                        "corpus store; text: plain-text documents -> corpus store; "
+                        "features: .fvecs/.bvecs/.ivecs/.npy/CSV feature vectors (or "
+                        "'digits', scikit-learn's) -> dense store")
     c.add_argument("source")
     c.add_argument("dest")
-    c.add_argument("--shards", type=int, default=None, help="svmlight, uci, text: number of shards")
+    c.add_argument("--shards", type=int, default=None,
+                   help="svmlight, uci, text, features: number of shards")
     c.add_argument("--layout", choices=["columns", "rows"], default=None,
                    help="svmlight: shard by columns (model-parallel, default) or by rows "
                         "(data-parallel)")
@@ -200,7 +217,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ratings: file format (default auto)")
     c.add_argument("--split", type=_fractions, default=None,
                    help="ratings: train,valid,test fractions (default 0.8,0.1,0.1)")
-    c.add_argument("--seed", type=int, default=None, help="ratings: split seed (default 0)")
+    c.add_argument("--seed", type=int, default=None,
+                   help="ratings, features: split / query-draw seed (default 0)")
+    c.add_argument("--queries", dest="n_queries", type=int, default=None,
+                   help="features: hold out this many random points as queries")
+    c.add_argument("--queries-file", dest="queries_source", default=None,
+                   help="features: held-out queries from this file (e.g. *_query.fvecs)")
+    c.add_argument("--max-points", type=int, default=None,
+                   help="features: keep the first points only")
     c.add_argument("--duplicates", choices=["error", "mean", "last", "sum"], default=None,
                    help="ratings: repeated (user, item) pairs (default error)")
     c.add_argument("--sep", default=None,

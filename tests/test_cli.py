@@ -224,3 +224,55 @@ def test_dmp_run_lda_pipeline_on_a_text_corpus(tmp_path):
     counts = zarr.open_group(str(out / "components.zarr"), mode="r")["topic_word_counts"][:]
     assert counts.shape == (4, metrics["shape"][1]) and counts.sum() == run["tokens"]
     assert (out / "convergence.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_dmp_run_parmac_pipeline(tmp_path, capsys):
+    """digits -> dense recipe with held-out queries -> ParMAC on 1 and 2 workers of the
+    embedded cluster -> precision@50 / recall against the Euclidean ground truth for the BA,
+    ITQ and PCA hashing, E_BA per iteration, measured and predicted speed-up, hash.zarr."""
+    out = tmp_path / "parmac"
+    assert main(["run", str(REPO / "pipelines" / "parmac.yaml"), "--output", str(out),
+                 "--no-progress"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["shape"] == [1497, 64]
+    rep = metrics["hashing"]
+    q = rep["quality"]
+    assert set(q) == {"BA n_workers=1", "BA n_workers=2", "itq", "pca"}
+    assert rep["k"] == 50 and rep["n_queries"] == 300
+    for name, r in q.items():
+        assert 0 < r["precision_at_k"] <= 1 and r["recall"] == sorted(r["recall"])
+    assert min(q["BA n_workers=1"]["precision_at_k"], q["BA n_workers=2"]["precision_at_k"]) \
+        > q["pca"]["precision_at_k"] + 0.1
+    for run in metrics["runs"].values():
+        assert run["stop_reason"] == "Z = h(X)" and run["penalty"][-1] == 0
+        assert run["E_BA"][-1] < run["E_BA"][0]
+    assert metrics["runs"]["2"]["bytes"]["ring"] > 0 == metrics["runs"]["1"]["bytes"]["ring"]
+    sp = rep["speedup"]
+    assert set(sp["measured_speedup"]) == {"1", "2"} and "128" in sp["predicted_speedup"]
+    assert all(v > 0 for v in sp["costs"].values())
+    h = zarr.open_group(str(out / "hash.zarr"), mode="r")
+    assert h["coef"].shape == (16, 64) and h["decoder_coef"].shape == (64, 16)
+    for png in ("retrieval.png", "convergence.png", "speedup.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_data_convert_features(tmp_path, capsys):
+    X = np.random.default_rng(0).standard_normal((40, 5)).astype(np.float32)
+    rec = np.empty(40, dtype=[("d", "<i4"), ("v", "<f4", (5,))])
+    rec["d"], rec["v"] = 5, X
+    rec.tofile(tmp_path / "x.fvecs")
+    rec[:3].tofile(tmp_path / "q.fvecs")
+    assert main(["data", "convert", "features", str(tmp_path / "x.fvecs"),
+                 str(tmp_path / "x.zarr"), "--shards", "2", "--queries-file",
+                 str(tmp_path / "q.fvecs")]) == 0
+    ds = open_dataset(tmp_path / "x.zarr")
+    np.testing.assert_array_equal(ds.load_row_shards([0, 1]), X)
+    np.testing.assert_array_equal(ds.load_queries(), X[:3])
+    assert main(["data", "info", str(tmp_path / "x.zarr")]) == 0
+    assert "held-out queries: 3" in capsys.readouterr().out
+    assert main(["data", "convert", "features", str(tmp_path / "x.fvecs"),
+                 str(tmp_path / "y.zarr"), "--vocab", "v.txt"]) != 0
+    assert "--vocab: not an option of features conversion" in capsys.readouterr().err
+    assert not (tmp_path / "y.zarr").exists()
