@@ -122,26 +122,26 @@ def z_enumerate(C, R, H, mu, Z):
         Z[n] = best
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=True)
 def z_objective_qr(C, R, H, mu, Z, out):
     """``out[n] = ||c_n - R z_n||^2 + mu * Hamming(z_n, h_n)``."""
     N, L = C.shape
+    zf = np.empty(L)
     for n in range(N):
+        ham = 0
+        for b in range(L):
+            zf[b] = Z[n, b]
+            ham += Z[n, b] != H[n, b]
         e = 0.0
         for a in range(L):
             s = C[n, a]
             for b in range(a, L):
-                if Z[n, b]:
-                    s -= R[a, b]
+                s -= R[a, b] * zf[b]
             e += s * s
-        ham = 0
-        for b in range(L):
-            if Z[n, b] != H[n, b]:
-                ham += 1
         out[n] = e + mu * ham
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=True)
 def z_alternate(C, R, H, mu, Z, max_trials):
     """Alternating optimisation over bits, from the codes in ``Z``: flip bit ``i`` when it
     lowers the objective; stop after L consecutive positions without a change (or
@@ -154,12 +154,14 @@ def z_alternate(C, R, H, mu, Z, max_trials):
         for a in range(L):
             s += R[a, b] * R[a, b]
         col2[b] = s
+    zf = np.empty(L)
     for n in range(N):
+        for b in range(L):
+            zf[b] = Z[n, b]
         for a in range(L):
             s = C[n, a]
             for b in range(a, L):
-                if Z[n, b]:
-                    s -= R[a, b]
+                s -= R[a, b] * zf[b]
             r[a] = s
         unchanged = 0
         trials = 0

@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=True)
 def sgd_svm(W, bias, steps, X, Y, order, batch, lam, eta0):
     """One pass of minibatch SGD on the L2-regularised hinge loss for each unit.
 
@@ -22,26 +22,38 @@ def sgd_svm(W, bias, steps, X, Y, order, batch, lam, eta0):
     visiting order of the points.  Unit u minimises
     ``lam / 2 ||w||^2 + mean_n max(0, 1 - y_n (w x_n + b))`` with ``y = 2 z - 1`` and steps
     ``eta0 / (1 + eta0 lam t)``.
+
+    The units are independent; each minibatch is gathered once into a contiguous buffer
+    and reused by every unit (the points are visited in random order: reading them once per
+    unit cost a cache miss per point and unit).
     """
     m, D = W.shape
     N = order.shape[0]
     g = np.empty(D)
-    for u in range(m):
-        for s in range(0, N, batch):
-            e = min(s + batch, N)
+    xb = np.empty((batch, D))
+    yb = np.empty((batch, m))
+    for s in range(0, N, batch):
+        e = min(s + batch, N)
+        nb = e - s
+        for j in range(nb):
+            n = order[s + j]
+            for d in range(D):
+                xb[j, d] = X[n, d]
+            for u in range(m):
+                yb[j, u] = 2.0 * Y[n, u] - 1.0
+        inv = 1.0 / nb
+        for u in range(m):
             g[:] = 0.0
             gb = 0.0
-            for j in range(s, e):
-                n = order[j]
-                y = 2.0 * Y[n, u] - 1.0
+            for j in range(nb):
+                y = yb[j, u]
                 f = bias[u]
                 for d in range(D):
-                    f += W[u, d] * X[n, d]
+                    f += W[u, d] * xb[j, d]
                 if y * f < 1.0:
                     for d in range(D):
-                        g[d] -= y * X[n, d]
+                        g[d] -= y * xb[j, d]
                     gb -= y
-            inv = 1.0 / (e - s)
             eta = eta0 / (1.0 + eta0 * lam * steps[u])
             for d in range(D):
                 W[u, d] -= eta * (lam * W[u, d] + g[d] * inv)
@@ -49,33 +61,40 @@ def sgd_svm(W, bias, steps, X, Y, order, batch, lam, eta0):
             steps[u] += 1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=True)
 def sgd_linear(W, bias, steps, Z, X, cols, order, batch, lam, eta0):
     """One pass of minibatch SGD on the squared error for each decoder unit.
 
     ``W`` (m, L), ``bias`` (m,), ``steps`` (m,) int64: units updated in place; unit u
     predicts feature ``cols[u]`` of the points ``X`` (N, D) from their codes ``Z`` (N, L),
     minimising ``lam / 2 ||w||^2 + mean_n (x_n - w z_n - b)^2 / 2`` with steps
-    ``eta0 / (1 + eta0 lam t)``.
+    ``eta0 / (1 + eta0 lam t)``.  Minibatches are gathered once for all units.
     """
     m, L = W.shape
     N = order.shape[0]
     g = np.empty(L)
-    for u in range(m):
-        c = cols[u]
-        for s in range(0, N, batch):
-            e = min(s + batch, N)
+    zb = np.empty((batch, L))
+    tb = np.empty((batch, m))
+    for s in range(0, N, batch):
+        e = min(s + batch, N)
+        nb = e - s
+        for j in range(nb):
+            n = order[s + j]
+            for l in range(L):
+                zb[j, l] = Z[n, l]
+            for u in range(m):
+                tb[j, u] = X[n, cols[u]]
+        inv = 1.0 / nb
+        for u in range(m):
             g[:] = 0.0
             gb = 0.0
-            for j in range(s, e):
-                n = order[j]
-                r = bias[u] - X[n, c]
+            for j in range(nb):
+                r = bias[u] - tb[j, u]
                 for l in range(L):
-                    r += W[u, l] * Z[n, l]
+                    r += W[u, l] * zb[j, l]
                 for l in range(L):
-                    g[l] += r * Z[n, l]
+                    g[l] += r * zb[j, l]
                 gb += r
-            inv = 1.0 / (e - s)
             eta = eta0 / (1.0 + eta0 * lam * steps[u])
             for l in range(L):
                 W[u, l] -= eta * (lam * W[u, l] + g[l] * inv)
