@@ -2,7 +2,8 @@
 equal with one worker): scaling, ITQ, hinge-loss minibatch SGD per bit written with array
 operations, the decoder by regularised normal equations, and the Z step by brute-force
 enumeration of all 2^L codes.  It draws the same random numbers as the program (the initial
-rotation and each hop's minibatch order) and stores the points in float32 like it."""
+rotation, the partition's one-off point shuffle and each hop's minibatch order) and stores
+the points in float32 like it."""
 
 import numpy as np
 
@@ -10,6 +11,8 @@ import numpy as np
 def serial_ba_mac(X, *, n_bits, n_epochs, mu0, mu_factor, max_iter, batch, lam, seed,
                   itq_iter):
     X32 = np.asarray(X, dtype=np.float32)
+    # the partition's one-off shuffle of its points
+    X32 = X32[np.random.default_rng([seed, 6, 0, 0]).permutation(len(X32))]
     X64 = X32.astype(np.float64)
     n, D = X64.shape
     L = n_bits
@@ -48,9 +51,12 @@ def serial_ba_mac(X, *, n_bits, n_epochs, mu0, mu_factor, max_iter, batch, lam, 
         # W step: e epochs of minibatch SGD for every bit's SVM (one worker: hop = epoch)
         Y = 2.0 * Z - 1.0
         for hop in range(n_epochs):
-            order = np.random.default_rng([seed, 3, it, hop, 0]).permutation(n)
-            for s in range(0, n, batch):
-                idx = order[s:s + batch]
+            # minibatches of consecutive points in random order, the partial one last
+            blocks = np.random.default_rng([seed, 3, it, hop, 0]).permutation(n // batch)
+            starts = [int(b) * batch for b in blocks] + ([n // batch * batch] if n % batch
+                                                         else [])
+            for s in starts:
+                idx = np.arange(s, min(s + batch, n))
                 Xb, Yb = Xs[idx].astype(np.float64), Y[idx]
                 active = (Yb * (Xb @ A.T + a)) < 1.0             # (batch, L)
                 gW = -(Yb * active).T @ Xb / len(idx)
@@ -69,5 +75,6 @@ def serial_ba_mac(X, *, n_bits, n_epochs, mu0, mu_factor, max_iter, batch, lam, 
         history.append({"mu": mu, "penalty": int(np.sum(Z != H))})
         if np.array_equal(Z, H):
             break
-    return {"A": A, "a": a, "B": used[0], "b": used[1], "Z": Z.astype(np.uint8), "lo": lo,
+    return {"A": A, "a": a, "B": used[0], "b": used[1], "Z": Z.astype(np.uint8), "X": X32,
+            "lo": lo,
             "scale": scale, "history": history}

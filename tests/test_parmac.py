@@ -54,7 +54,7 @@ def test_one_worker_equals_serial_mac_with_sgd(digits):
                                atol=1e-8)
     # the last Z step reached Z = h(X) in both
     assert ba.stop_reason_ == "Z = h(X)" and ref["history"][-1]["penalty"] == 0
-    np.testing.assert_array_equal(unpack_codes(ba.transform(X), 8), ref["Z"])
+    np.testing.assert_array_equal(unpack_codes(ba.transform(ref["X"]), 8), ref["Z"])
 
 
 @pytest.mark.parametrize("P", [2, 3])
@@ -179,6 +179,10 @@ def test_speedup_model_closed_form():
     # beyond M workers the W step stops shrinking
     assert parmac_time(128, final_pass=False, **costs) > parmac_time(64, final_pass=False,
                                                                      **costs) - T1 / 64
+    # the engine's per-round cost: e P hops + P - 1 copy hops + the Z step's round
+    assert parmac_time(8, t_round=0.01, **{k: v for k, v in costs.items()}) - \
+        parmac_time(8, **costs) == pytest.approx((2 * 8 + 7 + 1) * 0.01)
+    assert parmac_time(1, t_round=0.01, **costs) - T1 == pytest.approx(3 * 0.01)
     with pytest.raises(ValueError, match="P must"):
         parmac_time(0, **costs)
     with pytest.raises(ValueError, match="t_c"):

@@ -10,7 +10,7 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.S)
 
 
 def test_readme_has_the_examples():
-    assert len(BLOCKS) == 5
+    assert len(BLOCKS) == 6
     first_lines = "\n".join(README.splitlines()[:12])
     assert "bash .ci/install && .venv/bin/dmp run pipelines/lasso.yaml" in first_lines
     assert ".venv/bin/python -m pytest -q" in first_lines
@@ -36,7 +36,7 @@ def test_sparsified_example():
 
 def test_program_example():
     ns = {}
-    exec(BLOCKS[4], ns)
+    exec(BLOCKS[5], ns)
     np.testing.assert_allclose(ns["program"].driver["w"], np.arange(5.0), atol=1e-6)
     assert ns["result"].converged
 
@@ -64,3 +64,13 @@ def test_lda_example():
                "comet", "gravity", "satellite", "nebula", "mission", "crater", "solar"}]
     assert sum(set(t) <= th for t in top for th in themes) == 2
     assert lda.perplexity(ns["X"]) < 60
+
+
+def test_hashing_example():
+    ns = {}
+    exec(BLOCKS[4], ns)
+    ba, codes = ns["ba"], ns["codes"]
+    assert codes.shape == (1497, 2) and codes.dtype == np.uint8
+    assert ns["found"].shape == (300, 50)
+    assert ns["precision"] > 0.5 and ba.stop_reason_ == "Z = h(X)"
+    assert ba.history_["bytes_ring"][0] > 0

@@ -51,6 +51,17 @@ def unit_groups(n_units: int, n_groups: int) -> list[np.ndarray]:
     return [np.arange(g, n_units, n_groups) for g in range(n_groups)]
 
 
+def minibatch_order(n: int, batch: int, rng) -> np.ndarray:
+    """A pass's visiting order: the full minibatches of ``batch`` consecutive points in
+    random order, then the partial one.  The points were shuffled once when the partition
+    was loaded, so minibatches are random yet each is read from contiguous memory (a random
+    point order made the SGD pass wait on memory for every point)."""
+    full = n // batch
+    blocks = rng.permutation(full)
+    order = (blocks[:, None] * batch + np.arange(batch)).ravel()
+    return np.concatenate([order, np.arange(full * batch, n)]).astype(np.int64)
+
+
 def encode_rows(Xs, A, a) -> np.ndarray:
     """``step(A x + a)`` of every row (uint8 codes), a block of rows at a time."""
     out = np.empty((len(Xs), A.shape[0]), dtype=np.uint8)
@@ -144,8 +155,12 @@ class ParMACProgram(Program):
         return 2 + self.itq_iter + per * self.max_mac_iter + max_recoveries * (per + 1)
 
     # ================================================================== worker side
+    def _local_shuffle(self, X, p, salt=0):
+        """The points in a random order fixed for the partition (see `minibatch_order`)."""
+        return X[np.random.default_rng([self.seed, 6, p, salt]).permutation(len(X))]
+
     def init_partition(self, spec):
-        X = self.dataset.load_row_shards(spec["shards"])
+        X = self._local_shuffle(self.dataset.load_row_shards(spec["shards"]), spec["index"])
         return {"p": spec["index"], "P": spec["n_parts"], "X": X, "Xs": None, "Z": None,
                 "model": None, "inbox": {}, "V": None}
 
@@ -208,7 +223,7 @@ class ParMACProgram(Program):
         m = s["model"]
         enc, dec = self._groups(s["P"])
         rng = np.random.default_rng([self.seed, 3, plan["iteration"], plan["hop"], s["p"]])
-        order = rng.permutation(len(Xs)).astype(np.int64)
+        order = minibatch_order(len(Xs), self.batch_size, rng)
         idx = enc[g]
         if len(idx):
             W, bias, steps = m["A"][idx], m["a"][idx], m["ta"][idx]
@@ -228,7 +243,7 @@ class ParMACProgram(Program):
 
     def _join(self, s, shards):
         """Load new shards into this partition; their codes start as ``h(x)``."""
-        X = self.dataset.load_row_shards(shards)
+        X = self._local_shuffle(self.dataset.load_row_shards(shards), s["p"], 1 + len(s["Xs"]))
         Xs = (X - s["lo"].astype(np.float32)) * np.float32(1.0 / s["scale"])
         m = s["model"]
         s["Xs"] = np.concatenate([s["Xs"], Xs])

@@ -66,13 +66,15 @@ def iteration_seconds(estimator) -> float:
 def speedup_report(fits: dict, predict_for=(128,)) -> dict:
     """Measured speed-ups of fits with different worker counts (``{P: estimator}``, one
     with P = 1) against the model of `parmac_time`, its compute costs measured in the
-    1-worker fit and its hand-over cost in the fit with the most workers."""
+    1-worker fit, its hand-over and per-round costs in the fit with the most workers."""
     if 1 not in fits:
         raise ValueError("a speed-up needs a 1-worker fit")
     costs = measured_costs(fits[1])
     top = max(fits)
     if top > 1:
-        costs["t_c"] = measured_costs(fits[top])["t_c"]
+        # the hand-over and the round's fixed cost as measured on the ring
+        for key in ("t_c", "t_round"):
+            costs[key] = measured_costs(fits[top])[key]
     T = {P: iteration_seconds(e) for P, e in sorted(fits.items())}
     model = {P: parmac_time(P, **costs) for P in sorted({*fits, *predict_for})}
     measured = {P: T[1] / T[P] for P in T}

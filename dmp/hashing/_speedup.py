@@ -11,6 +11,12 @@ seconds to hand one submodel to the next worker::
 
 (``T(1)`` has no communication.)  For P dividing M this is ``S(P) = P / (1 + rho P)`` with
 ``rho = e M t_c / (N (e M t_w + t_z))``.
+
+dmp adds one term the paper's asynchronous MPI implementation does not have: every hop is
+a round of the engine, closed by a barrier at the driver, so an iteration also costs
+``rounds(P) t_round`` with ``rounds(P) = e P + (P - 1) + 1`` (hops, copy hops, the Z step)
+and ``t_round`` the engine's fixed cost of a round (scheduling, the barrier's round trips,
+bookkeeping).  ``t_round = 0`` gives the paper's model.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ def _check(P, n_points, n_submodels, n_epochs, t_w, t_z, t_c):
             raise ValueError(f"{name} must be a finite time >= 0, got {v!r}")
 
 
-def parmac_time(P, *, n_points, n_submodels, n_epochs, t_w, t_z, t_c,
+def parmac_time(P, *, n_points, n_submodels, n_epochs, t_w, t_z, t_c, t_round=0.0,
                 final_pass: bool = True) -> float:
     """Predicted seconds of one MAC iteration (W step + Z step) on ``P`` workers.
 
@@ -46,16 +52,22 @@ def parmac_time(P, *, n_points, n_submodels, n_epochs, t_w, t_z, t_c,
     t_w, t_z, t_c : float
         Seconds: one submodel's SGD update on one point; one point's Z step; handing one
         submodel to the next worker.
+    t_round : float, default 0
+        Seconds of fixed cost per engine round (see the module docstring).
     final_pass : bool, default True
         Count the communication-only pass that gives every worker every submodel.
     """
     _check(P, n_points, n_submodels, n_epochs, t_w, t_z, t_c)
+    if not (math.isfinite(t_round) and t_round >= 0):
+        raise ValueError(f"t_round must be a finite time >= 0, got {t_round!r}")
     per = math.ceil(n_submodels / P)
     comm = P * t_c if P > 1 else 0.0
     T_w = n_epochs * per * (n_points * t_w + comm)
+    rounds = n_epochs * P + 1
     if final_pass and P > 1:
         T_w += (P - 1) * per * t_c
-    return T_w + n_points / P * t_z
+        rounds += P - 1
+    return T_w + n_points / P * t_z + rounds * t_round
 
 
 def parmac_speedup(P, **costs) -> float:
@@ -64,12 +76,12 @@ def parmac_speedup(P, **costs) -> float:
 
 
 def measured_costs(estimator) -> dict:
-    """The model's inputs measured in a fitted `BinaryAutoencoder`'s rounds.
+    """The model's inputs measured in a fitted `BinaryAutoencoder`'s rounds (medians).
 
-    ``t_w``: the median hop's slowest SGD pass over ``ceil(M/P)`` submodels and ``N/P``
-    points, per submodel-point; ``t_z``: the median Z step's slowest worker, per point;
-    ``t_c``: the median hop's time beyond its slowest push (hand-over, barrier and
-    scheduling -- everything the compute does not explain), per submodel.  Returned with
+    ``t_w``: a hop's slowest SGD pass (``ceil(M/P)`` submodels, ``N/P`` points) per
+    submodel-point; ``t_z``: the Z step's slowest worker per point; ``t_c``: a hop's
+    slowest hand-over of its submodels to the next worker, per submodel; ``t_round``: what
+    a round costs beyond its slowest push and hand-over (driver and barrier).  Returned with
     ``n_points``, ``n_submodels`` and ``n_epochs``, ready for `parmac_time`.
     """
     h = estimator.round_history_
@@ -80,11 +92,15 @@ def measured_costs(estimator) -> dict:
     per = math.ceil(M / P)
     phase = np.asarray(h["phase"])
     push = np.asarray(h["push_s"], dtype=float).reshape(len(phase), -1).max(axis=1)
-    round_s = np.asarray(h["round_s"], dtype=float)
+    ring = np.asarray(h["ring_s"], dtype=float).reshape(len(phase), -1).max(axis=1)
+    # a round's length as the driver sees it: from the end of the previous one
+    span = np.diff(np.asarray(h["time"], dtype=float), prepend=np.nan)
     hops = phase == "hop"
+    steps = hops | (phase == "spread") | (phase == "z")
+    steps[0] = False
     t_w = float(np.median(push[hops])) / (per * N / P)
     t_z = float(np.median(push[phase == "z"])) / (N / P)
-    sends = hops | (phase == "spread")
-    t_c = float(np.median(round_s[sends] - push[sends])) / per
+    t_c = float(np.median(ring[hops])) / per if P > 1 else 0.0
+    t_round = float(np.median(span[steps] - push[steps] - ring[steps]))
     return {"n_points": N, "n_submodels": M, "n_epochs": int(estimator.n_epochs),
-            "t_w": t_w, "t_z": t_z, "t_c": max(t_c, 0.0)}
+            "t_w": t_w, "t_z": t_z, "t_c": t_c, "t_round": max(t_round, 0.0)}

@@ -1,0 +1,231 @@
+#!/usr/bin/env python
+"""ParMAC benchmark: ``dmp.hashing.BinaryAutoencoder`` against faiss (ITQ and LSH, faiss-cpu)
+and the project's own ITQ and PCA hashing, Hamming search against exact Euclidean search,
+and measured 1- and 2-worker ParMAC times against the speed-up model.
+
+Run from the repository root with the project's environment (faiss is in the ``bench``
+extra)::
+
+    python benchmarks/parmac.py             # everything, about 5-8 minutes on 2 cores
+    python benchmarks/parmac.py --quick     # smaller data, one repeat, about 2 minutes
+
+1. **Quality and training time** at 16, 32 and 64 bits on scikit-learn's digits (1,497
+   base points, 300 held-out queries, K = 50) and on `dmp.io.make_hashing_mixture` (50,000
+   base points, 500 queries, 64-d, K = 100): precision@K of Hamming ranking against the K
+   Euclidean nearest neighbours.  dmp's BA runs in process (one partition); faiss
+   ``"ITQ{b},LSH"`` and ``IndexLSH(rotate_data, train_thresholds)`` rank by their own
+   Hamming search.  Target: BA at least 2 points above ITQ at 32 bits.
+2. **Hamming search** (`dmp.hashing.hamming_search`, 32-bit codes) against exact Euclidean
+   k-NN on the same base and queries (`dmp.hashing.euclidean_neighbors`, numpy BLAS, and
+   faiss ``IndexFlatL2``).  Target: at least 10x faster than exact search.
+3. **Speed-up**: a 2-worker LocalCluster, 200,000 x 128 mixture points (a 2-shard dense
+   store the workers read), 32 bits; fits with 1 and 2 partitions, interleaved, repeated;
+   the median seconds of a MAC iteration's W and Z steps against `parmac_time` with the
+   costs measured in the same fits (`dmp.hashing._report.speedup_report`), and the model's
+   prediction for 128 workers.  Target: measured speed-up within 15% of the model.
+
+Writes ``benchmarks/results/parmac.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mf import machine_info  # noqa: E402  (one machine description for every benchmark)
+
+from dmp.hashing import (BinaryAutoencoder, euclidean_neighbors, hamming_search,  # noqa: E402
+                         itq, pack_codes, pca_hash, retrieval_precision)
+from dmp.hashing._report import speedup_report  # noqa: E402
+from dmp.io import make_hashing_mixture, write_dense  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def _precision(found, truth) -> float:
+    return retrieval_precision(np.asarray(found), truth)[0]
+
+
+def _faiss_precision(factory, base, queries, k, truth):
+    import faiss
+
+    def train():
+        index = factory(base.shape[1])
+        index.train(base)
+        index.add(base)
+        return index
+
+    index, train_s = _timed(train)
+    _, found = index.search(queries, k)
+    return _precision(found, truth), train_s
+
+
+def quality(name, base, queries, k, bits_list, log):
+    import faiss
+
+    base = np.ascontiguousarray(base, dtype=np.float32)
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    truth = euclidean_neighbors(queries, base, k)
+    rows = []
+    for bits in bits_list:
+        if bits > base.shape[1]:
+            continue
+        row = {"data": name, "bits": bits}
+        ba, t = _timed(lambda: BinaryAutoencoder(bits, random_state=0,
+                                                 backend="local").fit(base))
+        found, _ = hamming_search(ba.transform(queries), ba.transform(base), k, bits)
+        row["ba"] = {"precision": _precision(found, truth), "train_s": t,
+                     "mac_iterations": int(ba.n_iter_), "stop": ba.stop_reason_}
+        for label, make in (("itq", lambda: itq(base, bits, random_state=0)),
+                            ("pca", lambda: pca_hash(base, bits))):
+            h, t = _timed(make)
+            found, _ = hamming_search(pack_codes(h.codes(queries)), pack_codes(h.codes(base)),
+                                      k, bits)
+            row[label] = {"precision": _precision(found, truth), "train_s": t}
+        p, t = _faiss_precision(lambda d: faiss.index_factory(d, f"ITQ{bits},LSH"), base,
+                                queries, k, truth)
+        row["faiss_itq"] = {"precision": p, "train_s": t}
+        p, t = _faiss_precision(lambda d: faiss.IndexLSH(d, bits, True, True), base, queries,
+                                k, truth)
+        row["faiss_lsh"] = {"precision": p, "train_s": t}
+        row["ba_minus_itq"] = row["ba"]["precision"] - row["itq"]["precision"]
+        log(f"{name:>8} {bits:3d} bits  precision@{k}: BA {row['ba']['precision']:.4f} "
+            f"({row['ba']['train_s']:.2f} s)  ITQ {row['itq']['precision']:.4f} "
+            f"({row['itq']['train_s']:.2f} s)  PCA {row['pca']['precision']:.4f}  "
+            f"faiss ITQ {row['faiss_itq']['precision']:.4f} "
+            f"({row['faiss_itq']['train_s']:.2f} s)  faiss LSH "
+            f"{row['faiss_lsh']['precision']:.4f}   BA - ITQ {100 * row['ba_minus_itq']:+.1f} "
+            f"points")
+        rows.append(row)
+    return rows
+
+
+def search_speed(base, queries, k, repeats, log):
+    import faiss
+
+    base = np.ascontiguousarray(base, dtype=np.float32)
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    h = itq(base, 32, random_state=0)
+    cb, cq = pack_codes(h.codes(base)), pack_codes(h.codes(queries))
+    hamming_search(cq[:2], cb, k, 32)      # compile
+    flat = faiss.IndexFlatL2(base.shape[1])
+    flat.add(base)
+    times = {"hamming": [], "euclidean_numpy": [], "faiss_flat": []}
+    for _ in range(repeats):
+        times["hamming"].append(_timed(lambda: hamming_search(cq, cb, k, 32))[1])
+        times["euclidean_numpy"].append(_timed(lambda: euclidean_neighbors(queries, base,
+                                                                           k))[1])
+        times["faiss_flat"].append(_timed(lambda: flat.search(queries, k))[1])
+    med = {key: float(np.median(v)) for key, v in times.items()}
+    out = {"n_base": len(base), "n_queries": len(queries), "k": k, "median_s": med,
+           "speedup_vs_numpy": med["euclidean_numpy"] / med["hamming"],
+           "speedup_vs_faiss_flat": med["faiss_flat"] / med["hamming"]}
+    log(f"search {len(queries)} queries x {len(base)} points, k = {k}: Hamming "
+        f"{med['hamming'] * 1e3:.1f} ms, exact numpy {med['euclidean_numpy'] * 1e3:.1f} ms "
+        f"({out['speedup_vs_numpy']:.1f}x), exact faiss {med['faiss_flat'] * 1e3:.1f} ms "
+        f"({out['speedup_vs_faiss_flat']:.1f}x)")
+    return out
+
+
+def speedup(n_points, dim, bits, repeats, max_iter, log):
+    from distributed import Client, LocalCluster
+
+    X, _ = make_hashing_mixture(n_points, dim=dim, seed=4)
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp, \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                         dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+            Client(cluster):
+        ds = write_dense(f"{tmp}/points.zarr", X, n_shards=2)
+        del X
+        for r in range(repeats):
+            fits = {}
+            for P in ((1, 2) if r % 2 == 0 else (2, 1)):
+                est = BinaryAutoencoder(bits, max_iter=max_iter, random_state=0,
+                                        backend="dask", n_workers=P, validation_size=0)
+                fits[P], wall = _timed(lambda: est.fit(ds))
+                log(f"  repeat {r}: {P} worker(s): {wall:.1f} s, {est.n_iter_} MAC "
+                    f"iterations, W step {np.median(est.history_['w_s']):.3f} s, Z step "
+                    f"{np.median(est.history_['z_s']):.3f} s per iteration")
+            rep = speedup_report(fits)
+            runs.append(rep)
+            log(f"  repeat {r}: measured S(2) = {rep['measured_speedup'][2]:.3f}, model "
+                f"{rep['predicted_speedup'][2]:.3f} ({100 * rep['relative_error'][2]:+.1f}%),"
+                f" model S(128) = {rep['predicted_speedup'][128]:.1f}")
+    med = lambda key, P: float(np.median([r[key][P] for r in runs]))  # noqa: E731
+    out = {"n_points": n_points, "dim": dim, "bits": bits, "repeats": runs,
+           "measured_speedup_2": med("measured_speedup", 2),
+           "predicted_speedup_2": med("predicted_speedup", 2),
+           "predicted_speedup_128": med("predicted_speedup", 128),
+           "iteration_s": {P: med("iteration_s", P) for P in (1, 2)},
+           "costs": {key: float(np.median([r["costs"][key] for r in runs]))
+                     for key in runs[0]["costs"]}}
+    out["relative_error"] = (out["measured_speedup_2"] - out["predicted_speedup_2"]) / \
+        out["predicted_speedup_2"]
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="smaller data, one repeat")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--no-dask", action="store_true", help="skip the speed-up section")
+    args = ap.parse_args(argv)
+    repeats = args.repeats or (1 if args.quick else 3)
+    log = lambda msg: print(msg, flush=True)  # noqa: E731
+    info = machine_info()
+    log(json.dumps(info))
+    from sklearn.datasets import load_digits
+
+    from dmp.io.dense import split_queries
+
+    results = {"machine": info, "date": time.strftime("%Y-%m-%d %H:%M"), "quality": []}
+    digits = load_digits().data
+    base, queries = split_queries(digits, 300, 0)
+    results["quality"] += quality("digits", base, queries, 50, (16, 32, 64), log)
+    n = 10_500 if args.quick else 50_500
+    X, _ = make_hashing_mixture(n, dim=64, seed=4)
+    results["quality"] += quality("mixture", X[500:], X[:500], 100, (16, 32, 64), log)
+    results["search"] = search_speed(X[500:], X[:500], 100, max(repeats, 3), log)
+    if not args.no_dask:
+        log("speed-up (2-worker LocalCluster):")
+        results["speedup"] = speedup(50_000 if args.quick else 200_000, 128, 32, repeats,
+                                     4 if args.quick else 6, log)
+        s = results["speedup"]
+        log(f"speed-up: measured S(2) = {s['measured_speedup_2']:.3f}, model "
+            f"{s['predicted_speedup_2']:.3f} ({100 * s['relative_error']:+.1f}%), model "
+            f"S(128) = {s['predicted_speedup_128']:.1f}; costs {s['costs']}")
+    q32 = [r for r in results["quality"] if r["bits"] == 32]
+    targets = {f"BA >= ITQ + 2 points at 32 bits ({r['data']})": r["ba_minus_itq"] >= 0.02
+               for r in q32}
+    targets["Hamming search >= 10x faster than exact numpy search"] = \
+        results["search"]["speedup_vs_numpy"] >= 10
+    if "speedup" in results:
+        targets["measured speed-up within 15% of the model"] = \
+            abs(results["speedup"]["relative_error"]) <= 0.15
+    results["targets"] = targets
+    for name, ok in targets.items():
+        log(f"{'PASS' if ok else 'MISS'}  {name}")
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"parmac{'-quick' if args.quick else ''}.json"
+    out.write_text(json.dumps(results, indent=1, default=float))
+    log(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
