@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mf import machine_info  # noqa: E402  (one machine description for every benchmark)
 
 from dmp.hashing import (BinaryAutoencoder, euclidean_neighbors, hamming_search,  # noqa: E402
-                         itq, pack_codes, pca_hash, retrieval_precision)
+                         itq, measured_costs, pack_codes, pca_hash, retrieval_precision)
 from dmp.hashing._report import speedup_report  # noqa: E402
 from dmp.io import make_hashing_mixture, write_dense  # noqa: E402
 
@@ -61,8 +61,6 @@ def _precision(found, truth) -> float:
 
 
 def _faiss_precision(factory, base, queries, k, truth):
-    import faiss
-
     def train():
         index = factory(base.shape[1])
         index.train(base)
@@ -162,7 +160,14 @@ def speedup(n_points, dim, bits, repeats, max_iter, log):
                     f"iterations, W step {np.median(est.history_['w_s']):.3f} s, Z step "
                     f"{np.median(est.history_['z_s']):.3f} s per iteration")
             rep = speedup_report(fits)
+            rep["per_fit_costs"] = {P: measured_costs(e) for P, e in fits.items()}
             runs.append(rep)
+            for P in (1, 2):
+                log(f"  repeat {r}: {P} worker(s): iteration {rep['iteration_s'][P]:.3f} s, "
+                    f"model with this fit's own costs {rep['model_own_costs_s'][P]:.3f} s; "
+                    f"t_w {rep['per_fit_costs'][P]['t_w'] * 1e9:.1f} ns, t_z "
+                    f"{rep['per_fit_costs'][P]['t_z'] * 1e6:.2f} us, t_round "
+                    f"{rep['per_fit_costs'][P]['t_round'] * 1e3:.1f} ms")
             log(f"  repeat {r}: measured S(2) = {rep['measured_speedup'][2]:.3f}, model "
                 f"{rep['predicted_speedup'][2]:.3f} ({100 * rep['relative_error'][2]:+.1f}%),"
                 f" model S(128) = {rep['predicted_speedup'][128]:.1f}")

@@ -14,7 +14,8 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from dmp.io import open_dataset, write_ratings, write_sparse, write_sparse_rows  # noqa: E402,E501
+from dmp.io import (open_dataset, read_vecs, write_dense, write_ratings,  # noqa: E402
+                    write_sparse, write_sparse_rows)
 from dmp.io.ratings import read_ratings_file  # noqa: E402
 from dmp.io.sparse import DatasetError  # noqa: E402
 from dmp.io.svmlight import convert_svmlight, read_svmlight  # noqa: E402
@@ -96,6 +97,24 @@ def test_svmlight_converter_leaves_nothing_half_written(data):
 
 
 @FUZZ
+@given(st.one_of(st.binary(max_size=300),
+                 st.tuples(st.integers(1, 6), st.integers(0, 5), st.binary(max_size=40)).map(
+                     lambda a: (np.int32(a[0]).tobytes() + bytes(4 * a[0])) * a[1] + a[2])),
+       st.sampled_from(["fvecs", "bvecs", "ivecs"]))
+def test_vecs_reader_parses_or_says_why(data, ext):
+    d = Path(tempfile.mkdtemp(prefix="dmp-fuzz-"))
+    path = d / f"input.{ext}"
+    path.write_bytes(data)
+    try:
+        X = read_vecs(path, mmap=False)
+    except CLEAR:
+        return
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    assert X.ndim == 2 and X.shape[0] >= 1 and X.shape[1] >= 1
+
+
+@FUZZ
 @given(FILES)
 def test_ratings_reader_parses_or_says_why(data):
     path = _write(data)
@@ -123,8 +142,11 @@ def valid_stores(tmp_path_factory):
     codes = np.random.default_rng(0).integers(0, 3, R.nnz)
     write_ratings(root / "ratings.zarr", R.row, R.col, 5 * R.data, shape=R.shape, split=codes,
                   user_ids=np.arange(100, 150), item_ids=[f"m{j}" for j in range(20)])
+    rng = np.random.default_rng(2)
+    write_dense(root / "dense.zarr", rng.standard_normal((40, 6)), n_shards=3,
+                queries=rng.standard_normal((5, 6)))
     return {"columns": root / "columns.zarr", "rows": root / "rows.zarr",
-            "ratings": root / "ratings.zarr"}
+            "ratings": root / "ratings.zarr", "dense": root / "dense.zarr"}
 
 
 def _read_everything(path):
@@ -143,6 +165,13 @@ def _read_everything(path):
             assert M.shape == (int(ds.row_bounds[k + 1] - ds.row_bounds[k]), ds.shape[1])
             assert len(y) == M.shape[0] and np.all(np.isfinite(M.data))
         ds.validate()
+    elif ds.KIND == "dense-rows":
+        for k in range(ds.n_shards):
+            X = ds.load_shard(k)
+            assert X.shape == (int(ds.row_bounds[k + 1] - ds.row_bounds[k]), ds.shape[1])
+            assert np.all(np.isfinite(X))
+        Q = ds.load_queries()
+        assert Q is None or (Q.shape == (ds.n_queries, ds.shape[1]) and np.all(np.isfinite(Q)))
     else:
         ds.validate()
         for split in ds.splits:
@@ -172,7 +201,7 @@ def _copy(store: Path) -> tuple[Path, Path]:
     return d, copy
 
 
-KINDS = ["columns", "rows", "ratings"]
+KINDS = ["columns", "rows", "ratings", "dense"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

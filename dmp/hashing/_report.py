@@ -79,7 +79,10 @@ def speedup_report(fits: dict, predict_for=(128,)) -> dict:
     model = {P: parmac_time(P, **costs) for P in sorted({*fits, *predict_for})}
     measured = {P: T[1] / T[P] for P in T}
     predicted = {P: model[1] / model[P] for P in model}
+    # the model's structure alone: each fit's time from the costs measured in that fit
+    own = {P: parmac_time(P, **measured_costs(e)) for P, e in sorted(fits.items())}
     return {"costs": costs, "iteration_s": T, "model_iteration_s": model,
+            "model_own_costs_s": own,
             "measured_speedup": measured, "predicted_speedup": predicted,
             "relative_error": {P: (measured[P] - predicted[P]) / predicted[P]
                                for P in measured if P > 1 and math.isfinite(predicted[P])}}

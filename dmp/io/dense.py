@@ -296,17 +296,24 @@ class DenseDataset(_DenseBase):
         """The held-out query points stored with the dataset (float32), or None."""
         if not self.n_queries:
             return None
+        want = (self.n_queries, self.n_features)
         g = _open_group(self.path, self.storage_options)
         try:
             z = g["queries"]
+            ok = getattr(z, "shape", None) == want and z.dtype == np.float32
+        except Exception as e:
+            raise DatasetError(f"{self.path}: cannot open 'queries' ({type(e).__name__}: "
+                               f"{e})") from None
+        if not ok:
+            raise DatasetError(f"{self.path}: 'queries' must be float32 of shape {want}")
+        check_allocation(want[0] * want[1] * 4, f"{self.path}: queries")
+        try:
             Q = np.asarray(z[:])
         except Exception as e:
             raise DatasetError(f"{self.path}: cannot read 'queries' ({type(e).__name__}: "
                                f"{e})") from None
-        if Q.shape != (self.n_queries, self.n_features) or Q.dtype != np.float32 \
-                or not np.all(np.isfinite(Q)):
-            raise DatasetError(f"{self.path}: 'queries' must be finite float32 of shape "
-                               f"{(self.n_queries, self.n_features)}")
+        if not np.all(np.isfinite(Q)):
+            raise DatasetError(f"{self.path}: 'queries' contains NaN or infinite values")
         return Q
 
     def validate(self) -> "DenseDataset":
