@@ -302,7 +302,7 @@ def test_open_not_a_dataset(tmp_path):
     with pytest.raises(DatasetError, match="dmp_format"):
         open_dataset(tmp_path / "g.zarr")
     g = zarr.open_group(str(tmp_path / "k.zarr"), mode="w", zarr_format=3)
-    g.attrs.update({"dmp_format": 1, "kind": "dense-rows"})
+    g.attrs.update({"dmp_format": 1, "kind": "dense-columns"})
     with pytest.raises(DatasetError, match="kind"):
         open_dataset(tmp_path / "k.zarr")
     g.attrs.update({"dmp_format": 99})
