@@ -50,6 +50,19 @@ def test_dask_gives_the_in_process_model(cluster3, digits):
     assert dask.history_["bytes_ring"][0] > 0 and dask.history_["identical"].all()
 
 
+def test_dask_array_input_is_written_by_blocks_and_gives_the_numpy_model(cluster3, digits):
+    da = pytest.importorskip("dask.array")
+    Db, _ = digits
+    kw = dict(max_iter=3, random_state=0, n_workers=2, backend="dask")
+    ref = BinaryAutoencoder(16, **kw).fit(Db)
+    ba = BinaryAutoencoder(16, **kw).fit(da.from_array(Db, chunks=(400, 64)))
+    np.testing.assert_array_equal(ba.coef_, ref.coef_)
+    bad = da.from_array(np.where(np.arange(Db.size).reshape(Db.shape) == 3, np.nan, Db),
+                        chunks=(400, 64))
+    with pytest.raises(ValueError, match="NaN"):
+        BinaryAutoencoder(16, **kw).fit(bad)
+
+
 def test_stored_points_and_a_shard_that_joins(cluster3, digits, tmp_path):
     Db, Q = digits
     ds = write_dense(tmp_path / "pts.zarr", Db[:1000], n_shards=3)

@@ -148,6 +148,17 @@ class BinaryAutoencoder(TransformerMixin, BaseEstimator):
             return X, held, None
         if not (_is_dask(X) or isinstance(X, np.ndarray)):
             X = np.asarray(X)
+        if _is_dask(X) and backend.kind != "local" and not arrivals:
+            # the workers read a store written block by block: X never lands whole here
+            if len(X.shape) != 2 or X.shape[0] < P:
+                raise ValueError(f"X must be 2-D with at least {P} points (one per worker), "
+                                 f"got shape {X.shape}")
+            tmp = tempfile.mkdtemp(prefix="dmp-ba-")
+            try:
+                return write_dense(f"{tmp}/points.zarr", X, n_shards=P), {}, tmp
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
         if _is_dask(X):
             X = X.compute()
         X = _check_dense(X)
