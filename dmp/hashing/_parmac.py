@@ -41,9 +41,12 @@ from ..engine.program import Broadcast, Program, Sends
 from ._itq import procrustes
 from ._retrieval import hamming_search, pack_codes, retrieval_precision
 from ._wstep import decoder_normal_equations, sgd_linear, sgd_svm, solve_decoder
-from ._zstep import z_step
+from . import _kernels
+from ._zstep import z_step, z_step_qr
 
 _ROWS = 65536
+#: rows per block of the Z step (its float64 temporaries stay in the caches)
+_Z_ROWS = 4096
 
 
 def unit_groups(n_units: int, n_groups: int) -> list[np.ndarray]:
@@ -237,6 +240,42 @@ class ParMACProgram(Program):
                        self.alpha, s["eta_dec"])
             m["B"][idx], m["b"][idx], m["tb"][idx] = W, bias, steps
 
+    def _z_round(self, s, mu):
+        """The Z step over this partition's points, a block of rows at a time (float64
+        temporaries of a block only: whole-partition copies made two workers compete for
+        memory bandwidth), with the decoder's normal equations and E_Q of the new codes."""
+        m = s["model"]
+        Xs, Z = s["Xs"], s["Z"]
+        A, a, B, b = m["A"], m["a"], m["B"], m["b"]
+        Q, R = np.linalg.qr(B)
+        R = np.ascontiguousarray(R)
+        L, D = self.n_bits, self.n_features
+        G = np.zeros((L + 1, L + 1))
+        F = np.zeros((L + 1, D))
+        e_q, penalty, changed = 0.0, 0, 0
+        e = np.empty(_Z_ROWS)
+        for r in range(0, len(Xs), _Z_ROWS):
+            Xb = Xs[r:r + _Z_ROWS].astype(np.float64)
+            n = len(Xb)
+            Hb = ((Xb @ A.T + a) > 0).astype(np.uint8)
+            Db = Xb - b
+            Cb = Db @ Q
+            Z0b = Z[r:r + _Z_ROWS]
+            Zb = z_step_qr(Cb, R, Hb, mu, method=self.z_method, Z0=Z0b)
+            # ||x - B z - b||^2 = ||C - R z||^2 + ||x - b||^2 - ||C||^2
+            _kernels.z_objective_qr(Cb, R, Hb, float(mu), Zb, e[:n])
+            e_q += float(e[:n].sum() + np.einsum("ij,ij->", Db, Db)
+                         - np.einsum("ij,ij->", Cb, Cb))
+            penalty += int(np.count_nonzero(Zb != Hb))
+            changed += int(np.count_nonzero(Zb != Z0b))
+            Z1 = np.empty((n, L + 1))
+            Z1[:, :L] = Zb
+            Z1[:, L] = 1.0
+            G += Z1.T @ Z1
+            F += Z1.T @ Xb
+            Z[r:r + _Z_ROWS] = Zb
+        return {"G": G, "F": F, "E_Q": e_q, "penalty": penalty, "changed": changed}
+
     def _decoder_sums(self, s):
         G, F = decoder_normal_equations(s["Xs"], s["Z"])
         return {"G": G, "F": F}
@@ -313,18 +352,8 @@ class ParMACProgram(Program):
                 out["model"] = {k: m[k].copy() for k in ("A", "a", "B", "b", "ta", "tb")}
             return out
         if kind == "z":
-            m = s["model"]
-            H = encode_rows(Xs, m["A"], m["a"])
-            Z0 = s["Z"]
-            mu = plan["mu"]
-            Z = z_step(Xs, m["B"], m["b"], H, mu, method=self.z_method, Z0=Z0)
-            changed = int(np.count_nonzero(Z != Z0))
-            s["Z"] = Z
-            out = self._decoder_sums(s)
-            out.update({"E_Q": reconstruction_error(Xs, Z, m["B"], m["b"])
-                        + mu * int(np.count_nonzero(Z != H)),
-                        "penalty": int(np.count_nonzero(Z != H)), "changed": changed,
-                        "z_s": time.perf_counter() - t0})
+            out = self._z_round(s, plan["mu"])
+            out["z_s"] = time.perf_counter() - t0
             return out
         raise ValueError(f"unknown plan kind {kind!r}")
 

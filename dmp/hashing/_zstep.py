@@ -50,15 +50,26 @@ def z_step(X, B, b, H, mu: float, *, method: str = "auto", Z0=None,
     -------
     Z : (N, L) uint8
     """
-    if method not in ("auto", "enumerate", "alternate"):
-        raise ValueError(f"method must be 'auto', 'enumerate' or 'alternate', got {method!r}")
     if not np.isfinite(mu) or mu < 0:
         raise ValueError(f"mu must be a finite number >= 0, got {mu}")
     C, R = _qr_terms(X, B, b)
     H = np.ascontiguousarray(H, dtype=np.uint8)
+    if H.shape != C.shape:
+        raise ValueError(f"H must be {C.shape}, got {H.shape}")
+    if Z0 is not None:
+        Z0 = np.ascontiguousarray(Z0, dtype=np.uint8)
+        if Z0.shape != C.shape:
+            raise ValueError(f"Z0 must be {C.shape}, got {Z0.shape}")
+    return z_step_qr(C, R, H, mu, method=method, Z0=Z0, max_trials=max_trials)
+
+
+def z_step_qr(C, R, H, mu: float, *, method: str = "auto", Z0=None,
+              max_trials: int | None = None) -> np.ndarray:
+    """`z_step` in QR coordinates: ``C = (X - b) Q`` (float64, N x L), ``R`` upper
+    triangular (``B = Q R``), ``H`` and ``Z0`` uint8 (N x L), all checked by the caller."""
+    if method not in ("auto", "enumerate", "alternate"):
+        raise ValueError(f"method must be 'auto', 'enumerate' or 'alternate', got {method!r}")
     N, L = C.shape
-    if H.shape != (N, L):
-        raise ValueError(f"H must be {(N, L)}, got {H.shape}")
     if method == "auto":
         method = "enumerate" if L <= 10 else "alternate"
     Z = np.empty((N, L), dtype=np.uint8)
@@ -70,9 +81,6 @@ def z_step(X, B, b, H, mu: float, *, method: str = "auto", Z0=None,
         return Z
     Z[:] = H
     if Z0 is not None:
-        Z0 = np.ascontiguousarray(Z0, dtype=np.uint8)
-        if Z0.shape != (N, L):
-            raise ValueError(f"Z0 must be {(N, L)}, got {Z0.shape}")
         e_h = np.empty(N)
         e_0 = np.empty(N)
         _kernels.z_objective_qr(C, R, H, float(mu), H, e_h)
