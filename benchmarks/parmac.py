@@ -23,7 +23,8 @@ extra)::
    the median seconds of a MAC iteration's W and Z steps against `parmac_time` with the
    costs measured in the same fits (`dmp.hashing._report.speedup_report`), and the model's
    prediction for 128 workers.  Target: measured speed-up within 15% of the model.  The
-   cluster runs with quieter Dask housekeeping (`QUIET_DASK`: the event-loop tick every
+   cluster runs with quieter Dask housekeeping (`dmp.engine.backends.dask.QUIET_DASK_CONFIG`,
+   as `dmp run`'s embedded cluster: the event-loop tick every
    200 ms instead of 20 ms, the system monitor every 5 s, no statistical profiler): with the
    defaults the driver process (client, scheduler, nannies) used 12-13% of a core
    throughout, which on 2 cores is taken from the workers (S(2) 1.55 against 1.64 measured
@@ -54,9 +55,7 @@ from dmp.io import make_hashing_mixture, write_dense  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 #: Dask settings of the speed-up section (see the module docstring)
-QUIET_DASK = {"distributed.admin.tick.interval": "200ms",
-              "distributed.admin.system-monitor.interval": "5s",
-              "distributed.worker.profile.enabled": False}
+from dmp.engine.backends.dask import QUIET_DASK_CONFIG as QUIET_DASK  # noqa: E402
 
 
 def _timed(fn):

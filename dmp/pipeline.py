@@ -250,11 +250,18 @@ def _start_cluster(spec, scheduler, workers):
             raise ConnectionError(f"cannot reach the Dask scheduler at {scheduler!r}: {exc}") \
                 from exc
         return client, None
+    import dask
+
+    from .engine.backends.dask import QUIET_DASK_CONFIG
+
     c = dict(spec.get("cluster") or {})
     n = workers or c.get("n_workers", 2)
-    cluster = LocalCluster(n_workers=int(n), threads_per_worker=int(c.get("threads_per_worker", 1)),
-                           memory_limit=c.get("memory_limit", "auto"), processes=True,
-                           dashboard_address=":0", silence_logs=logging.WARNING)
+    # the embedded cluster's workers use every core: keep Dask's housekeeping quiet
+    with dask.config.set(QUIET_DASK_CONFIG):
+        cluster = LocalCluster(n_workers=int(n),
+                               threads_per_worker=int(c.get("threads_per_worker", 1)),
+                               memory_limit=c.get("memory_limit", "auto"), processes=True,
+                               dashboard_address=":0", silence_logs=logging.WARNING)
     return Client(cluster), cluster
 
 
