@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from mf import machine_info  # noqa: E402  (one machine description for every benchmark)
 
 from dmp.hashing import (BinaryAutoencoder, euclidean_neighbors, hamming_search,  # noqa: E402
-                         itq, measured_costs, pack_codes, pca_hash, retrieval_precision)
+                         itq, pack_codes, pca_hash, retrieval_precision)
 from dmp.hashing._report import speedup_report  # noqa: E402
 from dmp.io import make_hashing_mixture, write_dense  # noqa: E402
 
@@ -169,7 +169,6 @@ def speedup(n_points, dim, bits, repeats, max_iter, log):
                     f"iterations, W step {np.median(est.history_['w_s']):.3f} s, Z step "
                     f"{np.median(est.history_['z_s']):.3f} s per iteration")
             rep = speedup_report(fits)
-            rep["per_fit_costs"] = {P: measured_costs(e) for P, e in fits.items()}
             runs.append(rep)
             for P in (1, 2):
                 log(f"  repeat {r}: {P} worker(s): iteration {rep['iteration_s'][P]:.3f} s, "

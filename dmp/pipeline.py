@@ -331,6 +331,7 @@ def _hashing_report(out: Path, spec, ds, fitted, cmp_key, log) -> dict:
     hash functions go to hash.zarr."""
     import zarr
 
+    from .hashing import parmac_time
     from .hashing._report import evaluate_hashing, speedup_report
     from .plotting import plot_parmac, plot_retrieval, plot_speedup
 
@@ -358,8 +359,6 @@ def _hashing_report(out: Path, spec, ds, fitted, cmp_key, log) -> dict:
         sp = speedup_report(by_workers)
         report["speedup"] = sp
         grid = np.unique(np.geomspace(1, 128, 30).astype(int))
-        from .hashing import parmac_time
-
         T1 = parmac_time(1, **sp["costs"])
         plot_speedup(sp["measured_speedup"],
                      (grid, [T1 / parmac_time(int(P), **sp["costs"]) for P in grid]),

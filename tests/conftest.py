@@ -33,6 +33,17 @@ def alpha_max(X, y, fit_intercept=True):
 
 
 @pytest.fixture(scope="module")
+def cluster3():
+    """Three single-threaded worker processes (worker-loss tests kill one of them)."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
+                      dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
+            Client(cluster) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
 def dask_client():
     from distributed import Client, LocalCluster
 

@@ -276,3 +276,23 @@ def test_data_convert_features(tmp_path, capsys):
                  str(tmp_path / "y.zarr"), "--vocab", "v.txt"]) != 0
     assert "--vocab: not an option of features conversion" in capsys.readouterr().err
     assert not (tmp_path / "y.zarr").exists()
+
+
+def test_embedded_cluster_keeps_dask_housekeeping_quiet():
+    """`dmp run`'s own cluster: no statistical profiler, a slow tick, a slow system monitor
+    in every process (QUIET_DASK_CONFIG), so the driver does not take the workers' cores."""
+    import dask
+
+    from dmp.engine.backends.dask import QUIET_DASK_CONFIG
+    from dmp.pipeline import _start_cluster
+
+    client, cluster = _start_cluster({"cluster": {"n_workers": 1}}, None, None)
+    try:
+        keys = sorted(QUIET_DASK_CONFIG)
+        seen = client.run(lambda: [dask.config.get(k) for k in keys])
+        assert list(seen.values()) == [[QUIET_DASK_CONFIG[k] for k in keys]]
+        # the scheduler (in this process) was created with the slow tick
+        assert cluster.scheduler.periodic_callbacks["tick"].callback_time == 200
+    finally:
+        client.close()
+        cluster.close()

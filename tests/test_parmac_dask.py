@@ -1,7 +1,6 @@
 """ParMAC on a real Dask cluster: same result as in process, stored points read by the
 workers (with a shard that joins later), and a worker killed during the W step."""
 
-import logging
 import os
 import signal
 
@@ -14,16 +13,6 @@ from dmp.hashing import BinaryAutoencoder, euclidean_neighbors, hamming_search, 
 from dmp.io import append_dense_shard, open_dataset, write_dense
 
 pytestmark = [pytest.mark.dask, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def cluster3():
-    from distributed import Client, LocalCluster
-
-    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
-                      dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
-            Client(cluster) as client:
-        yield client
 
 
 @pytest.fixture(scope="module")

@@ -22,16 +22,6 @@ from dmp.linear_model import SparsifiedSGDRegressor
 pytestmark = [pytest.mark.dask, pytest.mark.slow]
 
 
-@pytest.fixture(scope="module")
-def cluster3():
-    from distributed import Client, LocalCluster
-
-    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
-                      dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
-            Client(cluster) as client:
-        yield client
-
-
 def _ratings(seed=0, n_users=3000, n_items=600, nnz=90_000):
     rng = np.random.default_rng(seed)
     flat = rng.choice(n_users * n_items, nnz, replace=False)

@@ -14,7 +14,9 @@ from sklearn.utils.validation import check_is_fitted
 
 from ..engine import resolve_backend, run
 from ..engine.runner import history_arrays
-from ..io.dense import DenseDataset, InMemoryDenseDataset, _check_dense, write_dense
+from ..io.dense import (DenseDataset, InMemoryDenseDataset, _check_dense, append_dense_shard,
+                        write_dense)
+from ..io.sparse import _is_dask
 from ..linear_model._lasso import seed_from
 from ._parmac import ParMACProgram
 from ._retrieval import euclidean_neighbors, pack_codes
@@ -23,8 +25,18 @@ from ._retrieval import euclidean_neighbors, pack_codes
 VALIDATION_DB_MAX = 20000
 
 
-def _is_dask(X) -> bool:
-    return type(X).__module__.startswith("dask.")
+def _temporary_store(X, extra, n_shards):
+    """Write the points ``X`` (``n_shards`` shards) and each array of ``extra`` (one shard
+    each) to a new temporary directory the workers read; return ``(dataset, directory)``."""
+    tmp = tempfile.mkdtemp(prefix="dmp-ba-")
+    try:
+        ds = write_dense(f"{tmp}/points.zarr", X, n_shards=n_shards)
+        for Xa in extra:
+            ds = append_dense_shard(ds, Xa)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return ds, tmp
 
 
 class BinaryAutoencoder(TransformerMixin, BaseEstimator):
@@ -153,12 +165,8 @@ class BinaryAutoencoder(TransformerMixin, BaseEstimator):
             if len(X.shape) != 2 or X.shape[0] < P:
                 raise ValueError(f"X must be 2-D with at least {P} points (one per worker), "
                                  f"got shape {X.shape}")
-            tmp = tempfile.mkdtemp(prefix="dmp-ba-")
-            try:
-                return write_dense(f"{tmp}/points.zarr", X, n_shards=P), {}, tmp
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
+            ds, tmp = _temporary_store(X, [], P)
+            return ds, {}, tmp
         if _is_dask(X):
             X = X.compute()
         X = _check_dense(X)
@@ -179,16 +187,7 @@ class BinaryAutoencoder(TransformerMixin, BaseEstimator):
         Xall = np.concatenate(parts) if len(parts) > 1 else X
         if backend.kind == "local":
             return InMemoryDenseDataset(Xall, row_bounds=bounds), held, None
-        tmp = tempfile.mkdtemp(prefix="dmp-ba-")
-        try:
-            ds = write_dense(f"{tmp}/points.zarr", X, n_shards=P)
-            from ..io.dense import append_dense_shard
-
-            for Xa in parts[1:]:
-                ds = append_dense_shard(ds, Xa)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        ds, tmp = _temporary_store(X, parts[1:], P)
         return ds, held, tmp
 
     def _validation_set(self, ds, held, seed):

@@ -357,16 +357,6 @@ class ParMACProgram(Program):
             return out
         raise ValueError(f"unknown plan kind {kind!r}")
 
-    def partition_arrays(self, s):
-        out = {} if s["Z"] is None else {"Z": pack_codes(s["Z"])}
-        if s["model"] is not None:
-            out.update(s["model"])
-        return out
-
-    def codes_of_partition(self, s):
-        """This partition's codes (for tests)."""
-        return s["Z"]
-
     # ================================================================== driver side
     def partition_specs(self, n_partitions):
         held = {k for ks in self.arrivals.values() for k in ks}
@@ -390,7 +380,7 @@ class ParMACProgram(Program):
         self.driver = {"P": n_partitions, "phase": "stats", "itq": 0, "iteration": 0,
                        "hop": 0, "model": None, "z_mu": None, "records": [], "cur": {},
                        "best_prec": math.nan, "best": None, "done": False,
-                       "stop_reason": "", "rows": None, "restore": False,
+                       "stop_reason": "", "rows": None,
                        "t_phase": time.perf_counter(), "E_BA": math.nan}
         self.driver["rows"] = [sp["rows"] for sp in self.partition_specs(n_partitions)]
 
@@ -401,7 +391,6 @@ class ParMACProgram(Program):
         dr = self.driver
         if dr.get("model") is None:
             return False
-        dr["restore"] = True
         dr["phase"] = "restore"
         return True
 
@@ -474,6 +463,14 @@ class ParMACProgram(Program):
         found, _ = hamming_search(cq, cd, truth.shape[1], self.n_bits)
         return retrieval_precision(found, truth)[0]
 
+    def _start_iteration(self):
+        """The next round is the first hop of ``driver["iteration"]``: a new record."""
+        dr = self.driver
+        dr["phase"], dr["hop"] = "hop", 0
+        dr["cur"] = {"iteration": dr["iteration"], "mu": self.mu(dr["iteration"]),
+                     "w_s": 0.0, "z_s": 0.0, "check_s": 0.0}
+        dr["t_phase"] = time.perf_counter()
+
     def _close_phase(self, key):
         dr = self.driver
         now = time.perf_counter()
@@ -508,11 +505,7 @@ class ParMACProgram(Program):
                 dr["best_prec"] = dr["init_precision"] = self.validation_precision(
                     dr["model"])
                 dr["best"], dr["best_iteration"] = dr["model"], -1
-            dr["phase"], dr["hop"] = "hop", 0
-            dr["restore"] = False
-            dr["cur"] = {"iteration": dr["iteration"], "mu": self.mu(dr["iteration"]),
-                         "w_s": 0.0, "z_s": 0.0, "check_s": 0.0}
-            dr["t_phase"] = time.perf_counter()
+            self._start_iteration()
             # the SGD decoder starts from the exact one, then keeps its own state
             if phase == "init" or self.decoder == "exact":
                 return Broadcast({"decoder": (B, b)})
@@ -571,10 +564,7 @@ class ParMACProgram(Program):
                 dr["done"], dr["stop_reason"] = True, "Z = h(X)"
             elif dr["iteration"] >= self.max_mac_iter:
                 dr["done"], dr["stop_reason"] = True, "schedule ended"
-            dr["phase"], dr["hop"] = "hop", 0
-            dr["cur"] = {"iteration": dr["iteration"], "mu": self.mu(dr["iteration"]),
-                         "w_s": 0.0, "z_s": 0.0, "check_s": 0.0}
-            dr["t_phase"] = time.perf_counter()
+            self._start_iteration()
             if self.decoder == "exact":
                 return Broadcast({"decoder": (B, b)})
             return None

@@ -69,20 +69,21 @@ def speedup_report(fits: dict, predict_for=(128,)) -> dict:
     1-worker fit, its hand-over and per-round costs in the fit with the most workers."""
     if 1 not in fits:
         raise ValueError("a speed-up needs a 1-worker fit")
-    costs = measured_costs(fits[1])
+    per_fit = {P: measured_costs(e) for P, e in fits.items()}
+    costs = dict(per_fit[1])
     top = max(fits)
     if top > 1:
         # the hand-over and the round's fixed cost as measured on the ring
         for key in ("t_c", "t_round"):
-            costs[key] = measured_costs(fits[top])[key]
+            costs[key] = per_fit[top][key]
     T = {P: iteration_seconds(e) for P, e in sorted(fits.items())}
     model = {P: parmac_time(P, **costs) for P in sorted({*fits, *predict_for})}
     measured = {P: T[1] / T[P] for P in T}
     predicted = {P: model[1] / model[P] for P in model}
     # the model's structure alone: each fit's time from the costs measured in that fit
-    own = {P: parmac_time(P, **measured_costs(e)) for P, e in sorted(fits.items())}
+    own = {P: parmac_time(P, **per_fit[P]) for P in sorted(fits)}
     return {"costs": costs, "iteration_s": T, "model_iteration_s": model,
-            "model_own_costs_s": own,
+            "model_own_costs_s": own, "per_fit_costs": per_fit,
             "measured_speedup": measured, "predicted_speedup": predicted,
             "relative_error": {P: (measured[P] - predicted[P]) / predicted[P]
                                for P in measured if P > 1 and math.isfinite(predicted[P])}}

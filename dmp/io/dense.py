@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .sparse import (FORMAT_VERSION, DatasetError, _atomic_write, _check_dest,
+from .sparse import (FORMAT_VERSION, DatasetError, _atomic_write, _check_dest, _is_dask,
                      _normalize_path, _open_group, attr_int, attr_ints, check_allocation,
                      partition_shards)
 
@@ -35,11 +35,6 @@ KIND = "dense-rows"
 _REQUIRED_ATTRS = ("shape", "n_shards", "row_bounds", "dtype", "complete")
 #: rows per shard written by default: about 64 MiB of float32 per shard
 TARGET_SHARD_BYTES = 64 << 20
-_BLOCK_ROWS = 65536
-
-
-def _is_dask(X) -> bool:
-    return type(X).__module__.startswith("dask.")
 
 
 def _check_dense(X, what: str = "X", n_features: int | None = None):
@@ -78,24 +73,19 @@ def _check_shards(n_shards, n: int) -> int:
     return int(n_shards)
 
 
-def _write_shard(g, k: int, block: np.ndarray) -> None:
+def _shard_name(k) -> str:
+    return "queries" if k is None else f"shards/s{k:04d}"
+
+
+def _write_shard(g, k, block: np.ndarray, overwrite: bool = False) -> None:
+    """Write shard ``k`` (or the queries, ``k=None``) as one float32 array."""
     from zarr.codecs import BloscCodec
 
     rows = max(1, min(block.shape[0], max(1, (8 << 20) // (4 * block.shape[1]))))
-    z = g.create_array("queries" if k is None else f"shards/s{k:04d}", shape=block.shape, dtype="float32",
-                       chunks=(rows, block.shape[1]),
+    z = g.create_array(_shard_name(k), shape=block.shape, dtype="float32",
+                       chunks=(rows, block.shape[1]), overwrite=overwrite,
                        compressors=BloscCodec(cname="zstd", clevel=3, shuffle="shuffle"))
     z[:] = block
-
-
-def _blocks(src, n_rows: int):
-    """Yield ``(start, float32 block)`` of a source with ``__getitem__`` by row slices."""
-    for r0 in range(0, n_rows, _BLOCK_ROWS):
-        r1 = min(n_rows, r0 + _BLOCK_ROWS)
-        block = src[r0:r1]
-        if _is_dask(block):
-            block = block.compute()
-        yield r0, _check_dense(block, f"X rows {r0}:{r1}")
 
 
 def write_dense(path, X, *, n_shards=None, queries=None, overwrite=False,
@@ -159,14 +149,22 @@ def write_dense(path, X, *, n_shards=None, queries=None, overwrite=False,
 def append_dense_shard(dataset: "DenseDataset", X) -> "DenseDataset":
     """Add the points ``X`` to a stored dense dataset as one new shard (streaming: data
     arriving after the first fit).  The shard array is written first and the attributes
-    updated last, so a reader sees either the old or the new dataset.
+    updated last, so a reader sees either the old or the new dataset; a shard whose write
+    failed is removed (and one left by an earlier failure is replaced).
 
     Returns the reopened dataset.
     """
     X = _check_dense(X, "X", dataset.n_features)
     g = _open_group(dataset.path, dataset.storage_options, mode="r+")
     k = dataset.n_shards
-    _write_shard(g, k, X)
+    try:
+        _write_shard(g, k, X, overwrite=True)
+    except BaseException:
+        try:
+            del g[_shard_name(k)]
+        except Exception:
+            pass
+        raise
     bounds = list(dataset.row_bounds.tolist()) + [dataset.n_samples + X.shape[0]]
     g.attrs.update({"shape": [bounds[-1], dataset.n_features], "n_shards": k + 1,
                     "row_bounds": bounds})
@@ -275,9 +273,9 @@ class DenseDataset(_DenseBase):
             raise FileNotFoundError(f"no dmp dataset at {self.path!r} (it was removed after "
                                     f"opening)") from None
         try:
-            z = g[f"shards/s{k:04d}"]
+            z = g[_shard_name(k)]
         except KeyError:
-            raise DatasetError(f"{what}: array 'shards/s{k:04d}' is missing") from None
+            raise DatasetError(f"{what}: array '{_shard_name(k)}' is missing") from None
         except Exception as e:
             raise DatasetError(f"{what}: corrupt metadata ({type(e).__name__}: {e})") from None
         if getattr(z, "shape", None) != (rows, self.n_features) or z.dtype != np.float32:

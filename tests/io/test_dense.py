@@ -61,6 +61,28 @@ def test_append_shard_and_atomic_overwrite(tmp_path, X):
     assert os.listdir(tmp_path) == ["d.zarr"]
 
 
+def test_failed_append_leaves_the_dataset_as_it_was(tmp_path, X, monkeypatch):
+    import zarr
+
+    path = tmp_path / "d.zarr"
+    ds = write_dense(path, X[:1000], n_shards=2)
+
+    def disk_full(self, key, value):
+        raise OSError("disk full")
+
+    with monkeypatch.context() as m:
+        m.setattr(zarr.Array, "__setitem__", disk_full)
+        with pytest.raises(OSError, match="disk full"):
+            append_dense_shard(ds, X[1000:])
+    again = open_dataset(path)
+    assert (again.n_shards, again.n_samples) == (2, 1000)
+    assert "s0002" not in zarr.open_group(str(path), mode="r")["shards"]
+    # a leftover of a crash (never cleaned up) is replaced by the next append
+    zarr.open_group(str(path), mode="r+").create_array("shards/s0002", shape=(1, 7),
+                                                        dtype="float32")
+    np.testing.assert_array_equal(append_dense_shard(again, X[1000:]).load_shard(2), X[1000:])
+
+
 def test_dask_input_is_written_block_by_block(tmp_path, X):
     da = pytest.importorskip("dask.array")
     ds = write_dense(tmp_path / "d.zarr", da.from_array(X, chunks=(100, 7)), n_shards=3)
