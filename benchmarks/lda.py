@@ -22,7 +22,8 @@ check that depends on no library: the training per-token log predictive
 
 dmp runs: ``local`` (one partition in this process: the Numba sampler alone, the per-core
 speed) and ``dask-1`` / ``dask-2`` (an embedded LocalCluster with 1 or 2 worker processes,
-word blocks travelling between them: the model-parallel speed-up).  Writes
+word blocks travelling between them: the model-parallel speed-up; created under
+``dmp.engine.backends.dask.QUIET_DASK_CONFIG``, as ``dmp run``'s embedded cluster).  Writes
 ``benchmarks/results/lda-<corpus>-K<topics>.json``.
 """
 
@@ -77,11 +78,15 @@ def run_dmp(X, K, sweeps, mode):
         est.fit(X)
         wall = time.perf_counter() - t0
     else:
+        import dask
         from distributed import Client, LocalCluster
 
+        from dmp.engine.backends.dask import QUIET_DASK_CONFIG
+
         n = int(mode.split("-")[1])
-        with LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                          dashboard_address=":0", silence_logs=logging.ERROR) as c, \
+        with dask.config.set(QUIET_DASK_CONFIG), \
+                LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                             dashboard_address=":0", silence_logs=logging.ERROR) as c, \
                 Client(c) as client:
             est = LatentDirichletAllocation(K, backend=client, **kw)
             t0 = time.perf_counter()

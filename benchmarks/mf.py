@@ -63,7 +63,8 @@ them reports progress per iteration):
   tol=None, random_state=0)`` fitted with ``X_val`` = the test ratings:
   - ``backend="local", n_workers=1``: method "ccd++" (every setting) and "ccd" (wp);
   - ``backend=distributed.Client`` of a ``LocalCluster(n_workers=W, threads_per_worker=1,
-    processes=True)`` with ``n_workers=W``, W = 1 and 2, methods "ccd++" and "ccd" (wp;
+    processes=True)`` (created under ``dmp.engine.backends.dask.QUIET_DASK_CONFIG``, as
+    ``dmp run``'s embedded cluster) with ``n_workers=W``, W = 1 and 2, methods "ccd++" and "ccd" (wp;
     ``--no-dask`` skips it).  The ratings go to the workers through a temporary Zarr store
     that ``fit`` writes (part of its setup).
   Iterations: 15 (ccd++) / 20 (ccd) at rank <= 50, 20 at higher rank, 20 on spec (quick: 15,
@@ -658,14 +659,18 @@ DASK_METHODS = ("ccd++", "ccd")
 def run_dask(problem, datas, settings, args):
     """dmp ccd++ and ccd on LocalClusters with 1 and 2 workers:
     {(setting index, method, W): run}."""
+    import dask
     from distributed import Client, LocalCluster
+
+    from dmp.engine.backends.dask import QUIET_DASK_CONFIG
 
     out = {}
     for W in (1, 2):
         try:
             t0 = time.perf_counter()
-            with LocalCluster(n_workers=W, threads_per_worker=1, processes=True,
-                              dashboard_address=None, silence_logs=logging.ERROR) as cluster, \
+            with dask.config.set(QUIET_DASK_CONFIG), \
+                    LocalCluster(n_workers=W, threads_per_worker=1, processes=True,
+                                 dashboard_address=None, silence_logs=logging.ERROR) as cluster, \
                     Client(cluster) as client:
                 warm_up(client, W)
                 print(f"  LocalCluster W={W} started and warmed up in "
