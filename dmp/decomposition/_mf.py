@@ -54,8 +54,9 @@ class MatrixFactorization(BaseEstimator):
 
     Users and items are partitioned over the workers (contiguous ranges balanced by rating
     count); each worker holds the ratings of its users and of its items, and updates only its
-    own factors.  Coordinates are scheduled round-robin in blocks; each round broadcasts only
-    the coordinate block in flight, so no worker ever holds another worker's factors whole.
+    own factors.  Coordinates are scheduled round-robin in blocks; each round moves only the
+    coordinate block in flight (CCD: worker to worker; CCD++: one factor column through the
+    driver), so no worker ever holds another worker's factors whole.
 
     Parameters
     ----------
@@ -73,7 +74,7 @@ class MatrixFactorization(BaseEstimator):
     n_inner : int, default=1
         CCD++ inner passes per feature (T).
     block_size : int or "auto", default="auto"
-        CCD: coordinates per round.  ``"auto"``: all k when the block broadcast
+        CCD: coordinates per round.  ``"auto"``: all k when a block of
         ``(n_users + n_items) * block_size * 8`` bytes fits 64 MiB, else the largest that does.
     center : bool, default=True
         Subtract the mean training rating (``mean_``) and model the deviations.
