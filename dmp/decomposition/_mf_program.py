@@ -33,7 +33,7 @@ import numpy as np
 from ..engine.program import Broadcast, Program, Sends
 from ..kernels import mf as K
 
-#: bytes of one coordinate block (all partitions' parts) in flight per round, for ``block_size="auto"``
+#: bytes of a coordinate block in flight per round (all parts), for ``block_size="auto"``
 AUTO_BLOCK_BYTES = 64 * 2**20
 
 
