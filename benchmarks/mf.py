@@ -65,8 +65,8 @@ them reports progress per iteration):
   - ``backend="local", n_workers=1``: method "ccd++" (every setting) and "ccd" (wp);
   - ``backend=distributed.Client`` of a ``LocalCluster(n_workers=W, threads_per_worker=1,
     processes=True)`` (created under ``dmp.engine.backends.dask.QUIET_DASK_CONFIG``, as
-    ``dmp run``'s embedded cluster) with ``n_workers=W``, W = 1 and 2, methods "ccd++" and "ccd" (wp;
-    ``--no-dask`` skips it).  The ratings go to the workers through a temporary Zarr store
+    ``dmp run``'s embedded cluster) with ``n_workers=W``, W = 1 and 2, methods "ccd++" and
+    "ccd" (wp; ``--no-dask`` skips it).  The ratings go to the workers through a temporary Zarr store
     that ``fit`` writes (part of its setup).
   Iterations: 15 (ccd++) / 20 (ccd) at rank <= 50, 20 at higher rank, 20 on spec (quick: 15,
   3 and 10); a fit is stopped after ``--budget`` seconds (callback) and then flagged.  At rank
