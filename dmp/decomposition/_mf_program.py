@@ -10,10 +10,10 @@ one factor column (CCD++).  Every round's objective
   of its users (CSR, "row copy") and of its items (CSC, "column copy"), each with its own
   residuals.  The round-robin schedule walks over blocks of the K coordinates: in a W round
   every worker runs exact CCD on coordinates ``k0..k1`` of its users against the block
-  ``H[:, k0:k1]`` it received and sends the changes of its W block, with its part of the block the
-  next round needs, straight to the other workers (`Sends`, actor to actor: the driver only
-  sums the losses); ``apply`` joins the parts and brings the column copy's residuals up to
-  date.  H rounds are symmetric.  Rows of W are independent given H, so this
+  ``H[:, k0:k1]`` it received and sends the changes of its W block, with its part of the
+  block the next round needs, straight to the other workers (`Sends`, actor to actor: the
+  driver only sums the losses); ``apply`` joins the parts and brings the column copy's
+  residuals up to date.  H rounds are symmetric.  Rows of W are independent given H, so this
   is exactly serial CCD in the same order.
 * **CCD++** (`CCDPPProgram`, the paper-level push/pull of ALGORITHMS.md 1.5): only the row
   copy is kept.  One round per feature t (and inner pass): every worker updates ``w_t`` of its
