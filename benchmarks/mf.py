@@ -665,22 +665,30 @@ def curve_str(r):
 DASK_METHODS = ("ccd++", "ccd")
 
 
-def run_dask(problem, datas, settings, args):
-    """dmp ccd++ and ccd on LocalClusters with 1 and 2 workers:
-    {(setting index, method, W): run}."""
+@contextlib.contextmanager
+def quiet_client(n_workers):
+    """A client of a fresh LocalCluster of single-threaded worker processes, created under
+    ``QUIET_DASK_CONFIG`` as ``dmp run``'s embedded cluster is."""
     import dask
     from distributed import Client, LocalCluster
 
     from dmp.engine.backends.dask import QUIET_DASK_CONFIG
 
+    with dask.config.set(QUIET_DASK_CONFIG), \
+            LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                         dashboard_address=None, silence_logs=logging.ERROR) as cluster, \
+            Client(cluster) as client:
+        yield client
+
+
+def run_dask(problem, datas, settings, args):
+    """dmp ccd++ and ccd on LocalClusters with 1 and 2 workers:
+    {(setting index, method, W): run}."""
     out = {}
     for W in (1, 2):
         try:
             t0 = time.perf_counter()
-            with dask.config.set(QUIET_DASK_CONFIG), \
-                    LocalCluster(n_workers=W, threads_per_worker=1, processes=True,
-                                 dashboard_address=None, silence_logs=logging.ERROR) as cluster, \
-                    Client(cluster) as client:
+            with quiet_client(W) as client:
                 warm_up(client, W)
                 print(f"  LocalCluster W={W} started and warmed up in "
                       f"{time.perf_counter() - t0:.1f} s", flush=True)
@@ -1056,11 +1064,6 @@ def speedup_runs(args):
     """The 1- vs 2-worker speed-up at the largest wp rank, 1- and 2-worker fits interleaved
     (``--repeat`` pairs, each on a fresh quiet LocalCluster) so that the machine's drift
     hits both alike: {method: {"1": [loop s], "2": [loop s], "ratio": median of pairs}}."""
-    import dask
-    from distributed import Client, LocalCluster
-
-    from dmp.engine.backends.dask import QUIET_DASK_CONFIG
-
     spec = QUICK["wp"] if args.quick else PROBLEMS["wp"]
     data, _ = load_problem("wp", spec)
     k = max(args.ranks)
@@ -1070,11 +1073,7 @@ def speedup_runs(args):
         loops = {1: [], 2: []}
         for rep in range(args.repeat):
             for W in (1, 2):
-                with dask.config.set(QUIET_DASK_CONFIG), \
-                        LocalCluster(n_workers=W, threads_per_worker=1, processes=True,
-                                     dashboard_address=None,
-                                     silence_logs=logging.ERROR) as cluster, \
-                        Client(cluster) as client:
+                with quiet_client(W) as client:
                     warm_up(client, W)
                     r = run_dmp(data, k=k, alpha=WP_ALPHA, reg_scaling="none", method=method,
                                 max_iter=iters, budget=math.inf, backend=client, n_workers=W)

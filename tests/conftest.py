@@ -32,22 +32,22 @@ def alpha_max(X, y, fit_intercept=True):
     return float(np.abs(X.T @ yt).max()) / X.shape[0]
 
 
+def _local_client(n_workers, log_level):
+    """A client of a LocalCluster of single-threaded worker processes."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
+                      dashboard_address=":0", silence_logs=log_level) as cluster, \
+            Client(cluster) as client:
+        yield client
+
+
 @pytest.fixture(scope="module")
 def cluster3():
     """Three single-threaded worker processes (worker-loss tests kill one of them)."""
-    from distributed import Client, LocalCluster
-
-    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
-                      dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
-            Client(cluster) as client:
-        yield client
+    yield from _local_client(3, logging.CRITICAL)
 
 
 @pytest.fixture(scope="module")
 def dask_client():
-    from distributed import Client, LocalCluster
-
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
-            Client(cluster) as client:
-        yield client
+    yield from _local_client(2, logging.ERROR)

@@ -314,6 +314,13 @@ class CCDProgram(_MFBase):
     def receive(self, st, round, src, payload) -> None:
         st["inbox"].setdefault(round, {})[src] = payload
 
+    @staticmethod
+    def _joined(got: dict, key: str) -> np.ndarray:
+        """The partitions' parts ``got[q][key]`` as one block: users and items are contiguous
+        ranges in partition order (one part is used as is: push made it a fresh array)."""
+        parts = [got[q][key] for q in range(len(got))]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
     def push(self, st, plan):
         side, a, b = plan["next"]
         out, parts = {}, {}
@@ -350,9 +357,7 @@ class CCDProgram(_MFBase):
         if len(got) != st["P"]:
             raise RuntimeError(f"partition {st['k']}: round {update['round']} has the blocks "
                                f"of {sorted(got)}, expected all {st['P']} partitions")
-        # users and items are contiguous ranges in partition order
-        st["O"] = (got[0]["next"] if st["P"] == 1   # push made it a copy already
-                   else np.concatenate([got[q]["next"] for q in range(st["P"])], axis=0))
+        st["O"] = self._joined(got, "next")
         if kind == "init":
             mu = update["mean"]
             if mu != 0.0:
@@ -360,8 +365,7 @@ class CCDProgram(_MFBase):
                     st[res] -= mu
             return
         k0, _ = update["k"]
-        delta = (got[0]["delta"] if st["P"] == 1
-                 else np.concatenate([got[q]["delta"] for q in range(st["P"])], axis=0))
+        delta = self._joined(got, "delta")
         if kind == "W":  # users changed: bring the column copies up to date
             pairs, F = (("cols", "ec"), ("vcols", "evc")), st["H"]
         else:
