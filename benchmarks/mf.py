@@ -1172,6 +1172,8 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=3,
                     help="interleaved 1-/2-worker pairs of --speedup (default 3)")
     args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error(f"--repeat must be at least 1, got {args.repeat}")
     args.ranks = [int(x) for x in (args.ranks or ("10,30" if args.quick else "20,200"))
                   .split(",")]
     args.fit_cap = args.fit_cap or (10.0 if args.quick else 60.0)
