@@ -276,3 +276,30 @@ def test_damped_step_with_conflicting_partitions(schedule, fit_intercept):
     assert np.all(np.diff(objs) <= 1e-12 * objs[:-1])
     assert min(steps) < 0.9
     assert objs[-1] < 0.5 * objs[0]
+
+
+@pytest.mark.parametrize("P", [1, 2])
+def test_one_sweep_rounds_check_the_gap_once_the_working_set_is_solved(P):
+    """With one sweep per round the rounds together are the working-set solve: the driver
+    must notice it is solved (largest step at most inner_tol times the largest coefficient)
+    and check the gap, rather than sweep the same set until an epoch of updates is spent."""
+    X, y, _ = make_correlated_lasso(n=150, p=900, density=0.05, seed=2)
+    ds = InMemorySparseDataset(X, y, n_shards=P)
+    alpha = 0.05 * lasso_alpha_max(X, y, fit_intercept=False)
+    prog = LassoProgram(ds, alpha=alpha, fit_intercept=False, schedule="priority",
+                        schedule_size=900, eta=1e-3, rho=None, oversample=2.0, tol=1e-8,
+                        check_every=10**9, refresh_every=10, seed=0, inner_sweeps=1)
+    res = run(prog, LocalBackend(P), max_iter=400)
+    assert res.converged
+    kinds = [h["kind"] for h in res.history]
+    n_gap = kinds.count("gap")
+    assert n_gap >= 3
+    d = prog.driver
+    # and the result is the Lasso optimum (coordinate-wise KKT conditions)
+    coef = np.concatenate([a["w"] for a in res.partition_arrays])
+    Xd = X.toarray()
+    grad = Xd.T @ (y - Xd @ coef) / len(y)
+    assert np.all(np.abs(grad) <= alpha * (1 + 1e-3) + 1e-9)
+    on = coef != 0
+    np.testing.assert_allclose(grad[on], alpha * np.sign(coef[on]), rtol=1e-3, atol=1e-7)
+    assert d["gap"] <= 1e-8 * d["ynorm2"] / len(y)

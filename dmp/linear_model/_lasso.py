@@ -71,9 +71,10 @@ class Lasso(RegressorMixin, BaseEstimator):
         Sequential sweeps each worker makes over its scheduled set per round (stopping early
         once the steps are below ``tol`` relative to the coefficients): a working-set solve
         that gives rounds enough work.  ``"auto"``: for the priority schedule (whose sets are
-        the variables still moving) 50 on one partition and 3 on several (local solves
-        against a residual missing the other partitions' changes are not worth finishing),
-        1 otherwise (the classic STRADS round).
+        the variables still moving) 50 on one partition and 1 on several (a local solve
+        against a residual missing the other partitions' changes is not worth a second
+        sweep: the rounds together form the working-set solve), 1 otherwise (the classic
+        STRADS round).
     staleness : int, default=0
         Rounds kept in flight beyond the current one (0 = bulk synchronous).
     max_iter : int, default=10000
@@ -252,12 +253,13 @@ class Lasso(RegressorMixin, BaseEstimator):
             check_every = p if self.check_every == "auto" else int(self.check_every)
             if self.inner_sweeps == "auto":
                 # With several partitions each local solve runs against a residual that
-                # misses the other partitions' changes of the same round, so solving it far
-                # wastes work the combination cancels: a few sweeps measured best there.
+                # misses the other partitions' changes of the same round, so a second sweep
+                # mostly redoes what the combination cancels: one sweep per round measured
+                # best there (the rounds together then form the working-set solve).
                 if self.schedule != "priority":
                     sweeps = 1
                 else:
-                    sweeps = 50 if P == 1 else 3
+                    sweeps = 50 if P == 1 else 1
             else:
                 sweeps = int(self.inner_sweeps)
             program = LassoProgram(

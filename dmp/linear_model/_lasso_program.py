@@ -48,6 +48,8 @@ _INNER_GAP_FRACTION = 0.1
 # quantiles (min, quartiles, max) of the scheduled variables' priorities, per round
 _PRIORITY_QUANTILES = (0.0, 0.25, 0.5, 0.75, 1.0)
 _NO_QUANTILES = [float("nan")] * 5
+# at most about this many scheduled priorities enter the per-round quantiles
+_QUANTILE_SAMPLE = 4096
 
 
 def _l1_change(w_old, delta, t):
@@ -69,24 +71,24 @@ def priority_sample(prio, floor, k, rng):
     k = min(k, p)
     live = np.flatnonzero(prio)
     n_dead = p - len(live)
-    if len(live) >= k:
-        keys_live = rng.standard_exponential(len(live)) / (prio[live] + floor)
-    else:
+    if len(live) < k:
         # every moving variable fits: take them all (their inclusion probability is capped
-        # at one), the rest of the round comes from the floor
-        keys_live = np.zeros(len(live))
-    keys_dead = np.empty(0)
-    m = min(k, n_dead)
-    if m:
-        steps = rng.standard_exponential(m) / (floor * (n_dead - np.arange(m)))
-        keys_dead = np.cumsum(steps)
-    keys = np.concatenate([keys_live, keys_dead])
-    if k < len(keys):
-        top = np.argpartition(keys, k - 1)[:k]
+        # at one), the rest of the round is a uniform draw from the floor
+        chosen_live, c = live, k - len(live)
     else:
-        top = np.arange(len(keys))
-    chosen_live = live[top[top < len(live)]]
-    c = int(np.count_nonzero(top >= len(live)))
+        keys_live = rng.standard_exponential(len(live)) / (prio[live] + floor)
+        keys_dead = np.empty(0)
+        m = min(k, n_dead)
+        if m:
+            steps = rng.standard_exponential(m) / (floor * (n_dead - np.arange(m)))
+            keys_dead = np.cumsum(steps)
+        keys = np.concatenate([keys_live, keys_dead])
+        if k < len(keys):
+            top = np.argpartition(keys, k - 1)[:k]
+        else:
+            top = np.arange(len(keys))
+        chosen_live = live[top[top < len(live)]]
+        c = int(np.count_nonzero(top >= len(live)))
     if c == 0:
         return chosen_live
     if n_dead == p:
@@ -317,7 +319,7 @@ class LassoProgram(Program):
             "prio": np.zeros(p), "rng": np.random.default_rng(self.seed), "rr": 0,
             "need_gap": True, "need_refresh": False, "since_check": 0, "n_checks": 0,
             "gap": np.inf, "objective": 0.5 * float(ytil @ ytil) / n, "converged": False,
-            "updates": 0, "last": {}, "max_abs_w": 0.0, "priority_q": {},
+            "updates": 0, "last": {}, "max_abs_w": 0.0, "priority_q": {}, "inner_tol": 1e-2,
         }
         self._rebuild_sampler()
 
@@ -345,7 +347,10 @@ class LassoProgram(Program):
         over = self.oversample if self.rho is not None else 1.0
         n_draws = min(p, max(1, int(round(over * L))))
         cand = priority_sample(prio, d["floor"], n_draws, d["rng"])
-        cand = cand[np.argsort(-prio[cand], kind="stable")]
+        if self.rho is not None:
+            # the dependency filter keeps candidates greedily in priority order; without
+            # it every candidate is kept and the push sweeps them in column order anyway
+            cand = cand[np.argsort(-prio[cand], kind="stable")]
         return cand, L
 
     def schedule(self, round):
@@ -358,11 +363,16 @@ class LassoProgram(Program):
         cand, L = self._candidates()
         if self.schedule_kind == "priority" and len(cand):
             # what the monitor shows as the priority distribution of the scheduled set
-            d["priority_q"][round] = np.quantile(d["prio"][cand], _PRIORITY_QUANTILES).tolist()
+            # (of a strided subsample: the candidates come in random order, and the exact
+            # quantiles of a large round cost milliseconds of driver time per round)
+            stride = max(1, len(cand) // _QUANTILE_SAMPLE)
+            d["priority_q"][round] = np.quantile(d["prio"][cand[::stride]],
+                                                 _PRIORITY_QUANTILES).tolist()
         # solve each working set only as far as the global gap warrants (celer's rule of
         # thumb): tight inner tolerances while the working set still changes waste sweeps
         gap_rel = d["gap"] / max(0.5 * d["ynorm2"] / d["n"], 1e-300)
-        inner_tol = float(max(self.tol, min(1e-2, _INNER_GAP_FRACTION * gap_rel)))
+        inner_tol = d["inner_tol"] = float(max(self.tol,
+                                               min(1e-2, _INNER_GAP_FRACTION * gap_rel)))
         owner = np.searchsorted(d["starts"], cand, side="right") - 1
         plans = []
         for k in range(P):
@@ -416,16 +426,23 @@ class LassoProgram(Program):
                          "n_kept": n_kept, "step": t,
                          "priority_q": d["priority_q"].pop(round, _NO_QUANTILES)}
             moving = t * max((float(np.abs(b).max(initial=0.0)) for b in deltas), default=0.0)
-            d["max_abs_w"] = max(d["max_abs_w"], max(
+            round_w_max = max(
                 (float(np.abs(a + t * b).max(initial=0.0)) for a, b in zip(w_old, deltas)),
-                default=0.0))
+                default=0.0)
+            d["max_abs_w"] = max(d["max_abs_w"], round_w_max)
+            if self.inner_sweeps == 1:
+                # one sweep per round: the rounds together are the working-set solve, and
+                # it is solved by the working-set solver's own rule (largest step at most
+                # inner_tol times the largest coefficient of the set)
+                solved = moving <= d["inner_tol"] * round_w_max
+            else:
+                solved = all(pt["solved"] or len(pt["kept"]) == 0 for pt in partials)
             # check the gap after an epoch's worth of updates, or as soon as the last round's
             # largest step is small against the coefficients (scikit-learn's trigger)
             # a solved working set (every worker's sweeps stopped early) or a tiny last step:
             # time to check global optimality and refresh every priority
             settled = self.schedule_kind == "priority" and (
-                all(pt["solved"] or len(pt["kept"]) == 0 for pt in partials)
-                or moving <= self.tol * max(d["max_abs_w"], 1e-300))
+                solved or moving <= self.tol * max(d["max_abs_w"], 1e-300))
             if d["since_check"] >= self.check_every or settled:
                 d["need_gap"] = True
                 if (d["n_checks"] + 1) % self.refresh_every == 0:
