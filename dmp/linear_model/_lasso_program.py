@@ -5,12 +5,12 @@ CSC shards and coefficients) and a replica of the residual ``r = y~ - X~ w``.
 
 * schedule (driver): priority-sample candidates over all variables (probability proportional
   to (last change)^2 + eta * mean), order them by priority (for the filter) and deal them
-  to their owners; or round robin / uniform random.  Every ``check_every`` coordinate updates, or as soon as
-  the working set is solved (a worker's sweeps stopped early; with one sweep per round, the
-  round's largest step small against its coefficients), a *gap round* computes the duality
-  gap and refreshes every variable's priority with the step it would take now; every
-  ``refresh_every`` gap rounds a *refresh round* recomputes the residual from scratch (drift
-  control, and after a restore).
+  to their owners; or round robin / uniform random.  Every ``check_every`` coordinate
+  updates, or as soon as the working set is solved (a worker's sweeps stopped early; with one
+  sweep per round, the round's largest step small against its coefficients), a *gap round*
+  computes the duality gap and refreshes every variable's priority with the step it would
+  take now; every ``refresh_every`` gap rounds a *refresh round* recomputes the residual from
+  scratch (drift control, and after a restore).
 * push (worker): the STRADS dependency filter over its candidates (|corr| < rho among the
   kept set), then sequential coordinate descent over the kept set against the residual
   replica; returns the residual change ``X_S delta_S`` (sparse when it pays) and the deltas.
@@ -365,7 +365,7 @@ class LassoProgram(Program):
         cand, L = self._candidates()
         if self.schedule_kind == "priority" and len(cand):
             # what the monitor shows as the priority distribution of the scheduled set
-            # (of a strided subsample: the candidates come in random order, and the exact
+            # (of an evenly strided subsample, which keeps the set's make-up: the exact
             # quantiles of a large round cost milliseconds of driver time per round)
             stride = max(1, len(cand) // _QUANTILE_SAMPLE)
             d["priority_q"][round] = np.quantile(d["prio"][cand[::stride]],
