@@ -171,3 +171,25 @@ def test_history_consistent(problems, schedule):
     assert h["dual_gap"][-1] == m.dual_gap_
     assert np.isfinite(h["dual_gap"][gap_rounds]).all()
     assert m.dual_gap_ <= 1e-8 * np.sum((y - y.mean()) ** 2) / N
+
+
+@pytest.mark.parametrize("one_sweep_above", [None, 1])
+def test_auto_inner_sweeps_by_partition_size(problems, monkeypatch, one_sweep_above):
+    """``inner_sweeps="auto"``: 50 on one partition; on several, 3 for small partitions and 1
+    above ONE_SWEEP_NNZ_PER_PARTITION stored values; both reach scikit-learn's optimum."""
+    from dmp.linear_model import _lasso
+
+    if one_sweep_above is not None:
+        monkeypatch.setattr(_lasso, "ONE_SWEEP_NNZ_PER_PARTITION", one_sweep_above)
+    X, y = problems["sparse"]
+    alpha, sk = _sk_fit(problems, "sparse", True)
+    o_sk = _objective(X, y, sk.coef_, sk.intercept_, alpha)
+    for n_workers, expected in [(1, 50), (2, 3 if one_sweep_above is None else 1)]:
+        m = Lasso(alpha=alpha, n_workers=n_workers, backend="local", tol=1e-10,
+                  random_state=0, max_iter=100000).fit(X, y)
+        assert m.inner_sweeps_ == expected
+        o_dmp = _objective(X, y, m.coef_, m.intercept_, alpha)
+        assert abs(o_dmp - o_sk) / o_sk <= 1e-6
+    rr = Lasso(alpha=alpha, schedule="round_robin", n_workers=2, backend="local",
+               tol=1e-6, random_state=0, max_iter=100000).fit(X, y)
+    assert rr.inner_sweeps_ == 1

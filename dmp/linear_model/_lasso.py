@@ -34,6 +34,27 @@ def seed_from(random_state) -> int:
     return int(random_state.randint(0, 2**31 - 1))
 
 
+#: with several partitions, above this many stored values per partition a round is one sweep
+ONE_SWEEP_NNZ_PER_PARTITION = 10_000_000
+
+
+def _auto_inner_sweeps(schedule: str, n_partitions: int, nnz: int) -> int:
+    """Sweeps per round for ``inner_sweeps="auto"`` (measured in BENCHMARKS.md, issue 2).
+
+    One partition: a working-set solve (up to 50 sweeps, stopping early).  Several: each
+    local sweep runs against a residual that misses the other partitions' changes of the
+    same round.  On small partitions a sweep costs less than a round's messaging, and 3
+    sweeps per round need up to 35% fewer rounds; on large ones the later sweeps mostly redo
+    what the block-Jacobi combination cancels (100k x 1M, 250M values, 2 partitions: 91
+    rounds and 38 s of critical compute with 3 sweeps, 77 rounds and 13 s with one).
+    """
+    if schedule != "priority":
+        return 1
+    if n_partitions == 1:
+        return 50
+    return 1 if nnz / n_partitions >= ONE_SWEEP_NNZ_PER_PARTITION else 3
+
+
 class Lasso(RegressorMixin, BaseEstimator):
     """Lasso by STRADS scheduled model-parallel coordinate descent.
 
@@ -71,10 +92,11 @@ class Lasso(RegressorMixin, BaseEstimator):
         Sequential sweeps each worker makes over its scheduled set per round (stopping early
         once the steps are below ``tol`` relative to the coefficients): a working-set solve
         that gives rounds enough work.  ``"auto"``: for the priority schedule (whose sets are
-        the variables still moving) 50 on one partition and 1 on several (a local solve
-        against a residual missing the other partitions' changes is not worth a second
-        sweep: the rounds together form the working-set solve), 1 otherwise (the classic
-        STRADS round).
+        the variables still moving) 50 on one partition; on several, 3 when a partition
+        holds fewer than 10M stored values (sweeps are cheap against a round's messaging, so
+        fewer rounds win) and 1 above (a second sweep against a residual missing the other
+        partitions' changes costs more than the rounds it saves); 1 for the other schedules
+        (the classic STRADS round).
     staleness : int, default=0
         Rounds kept in flight beyond the current one (0 = bulk synchronous).
     max_iter : int, default=10000
@@ -109,6 +131,8 @@ class Lasso(RegressorMixin, BaseEstimator):
         Rounds run (coordinate-descent, gap and refresh rounds).
     n_updates_ : int
         Coordinate updates applied.
+    inner_sweeps_ : int
+        Sweeps per round used (``inner_sweeps`` with ``"auto"`` resolved).
     dual_gap_ : float
         Duality gap at the last gap round, in objective units.
     objective_ : float
@@ -252,14 +276,7 @@ class Lasso(RegressorMixin, BaseEstimator):
                 size = int(self.schedule_size)
             check_every = p if self.check_every == "auto" else int(self.check_every)
             if self.inner_sweeps == "auto":
-                # With several partitions each local solve runs against a residual that
-                # misses the other partitions' changes of the same round, so a second sweep
-                # mostly redoes what the combination cancels: one sweep per round measured
-                # best there (the rounds together then form the working-set solve).
-                if self.schedule != "priority":
-                    sweeps = 1
-                else:
-                    sweeps = 50 if P == 1 else 1
+                sweeps = _auto_inner_sweeps(self.schedule, P, int(np.sum(ds.shard_nnz())))
             else:
                 sweeps = int(self.inner_sweeps)
             program = LassoProgram(
@@ -285,6 +302,7 @@ class Lasso(RegressorMixin, BaseEstimator):
         self.intercept_ = float(d["intercept"])
         self.n_iter_ = result.n_rounds
         self.n_updates_ = d["updates"]
+        self.inner_sweeps_ = sweeps
         self.dual_gap_ = float(d["gap"])
         self.objective_ = float(d["objective"])
         self.history_ = history_arrays(result.history)
