@@ -351,20 +351,17 @@ def summarize_dmp(runs, P_best):
 
 def run_dask(ds, X, y, amax, stops, budget_s, repeats):
     """dmp priority on a LocalCluster with 1 and 2 workers: {(W, f): [runs]}."""
-    import dask
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
-    from dmp.engine.backends.dask import QUIET_DASK_CONFIG
+    from dmp.engine.backends.dask import quiet_local_cluster
 
     Xs, ys, _ = make_sparse_lasso(n=50, p=400, density=0.05, seed=1)
     out = {}
     for W in DASK_WORKERS:
         try:
-            # created under QUIET_DASK_CONFIG, as `dmp run`'s embedded cluster is
-            with dask.config.set(QUIET_DASK_CONFIG), \
-                    LocalCluster(n_workers=W, threads_per_worker=1, processes=True,
-                                 memory_limit=DASK_MEMORY_LIMIT, dashboard_address=None,
-                                 silence_logs=logging.ERROR) as cluster, Client(cluster):
+            # the cluster `dmp run` embeds (quiet Dask housekeeping)
+            with quiet_local_cluster(W, memory_limit=DASK_MEMORY_LIMIT, dashboard_address=None,
+                                     silence_logs=logging.ERROR) as cluster, Client(cluster):
                 # warm-up: Numba kernels, actors and the dataset path in every worker
                 Lasso(alpha=0.1 * np.abs(Xs.T @ ys).max() / 50, fit_intercept=False,
                       backend="dask", n_workers=W, tol=1e-6).fit(Xs, ys)

@@ -78,15 +78,12 @@ def run_dmp(X, K, sweeps, mode):
         est.fit(X)
         wall = time.perf_counter() - t0
     else:
-        import dask
-        from distributed import Client, LocalCluster
+        from distributed import Client
 
-        from dmp.engine.backends.dask import QUIET_DASK_CONFIG
+        from dmp.engine.backends.dask import quiet_local_cluster
 
         n = int(mode.split("-")[1])
-        with dask.config.set(QUIET_DASK_CONFIG), \
-                LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                             dashboard_address=":0", silence_logs=logging.ERROR) as c, \
+        with quiet_local_cluster(n, dashboard_address=":0", silence_logs=logging.ERROR) as c, \
                 Client(c) as client:
             est = LatentDirichletAllocation(K, backend=client, **kw)
             t0 = time.perf_counter()

@@ -669,15 +669,12 @@ DASK_METHODS = ("ccd++", "ccd")
 def quiet_client(n_workers):
     """A client of a fresh LocalCluster of single-threaded worker processes, created under
     ``QUIET_DASK_CONFIG`` as ``dmp run``'s embedded cluster is."""
-    import dask
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
-    from dmp.engine.backends.dask import QUIET_DASK_CONFIG
+    from dmp.engine.backends.dask import quiet_local_cluster
 
-    with dask.config.set(QUIET_DASK_CONFIG), \
-            LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                         dashboard_address=None, silence_logs=logging.ERROR) as cluster, \
-            Client(cluster) as client:
+    with quiet_local_cluster(n_workers, dashboard_address=None,
+                             silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         yield client
 
 

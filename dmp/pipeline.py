@@ -241,7 +241,7 @@ def _open_data(spec):
 
 
 def _start_cluster(spec, scheduler, workers):
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     if scheduler:
         try:
@@ -250,18 +250,14 @@ def _start_cluster(spec, scheduler, workers):
             raise ConnectionError(f"cannot reach the Dask scheduler at {scheduler!r}: {exc}") \
                 from exc
         return client, None
-    import dask
-
-    from .engine.backends.dask import QUIET_DASK_CONFIG
+    from .engine.backends.dask import quiet_local_cluster
 
     c = dict(spec.get("cluster") or {})
     n = workers or c.get("n_workers", 2)
     # the embedded cluster's workers use every core: keep Dask's housekeeping quiet
-    with dask.config.set(QUIET_DASK_CONFIG):
-        cluster = LocalCluster(n_workers=int(n),
-                               threads_per_worker=int(c.get("threads_per_worker", 1)),
-                               memory_limit=c.get("memory_limit", "auto"), processes=True,
-                               dashboard_address=":0", silence_logs=logging.WARNING)
+    cluster = quiet_local_cluster(int(n), threads_per_worker=int(c.get("threads_per_worker", 1)),
+                                  memory_limit=c.get("memory_limit", "auto"),
+                                  dashboard_address=":0", silence_logs=logging.WARNING)
     return Client(cluster), cluster
 
 

@@ -321,13 +321,20 @@ class LassoProgram(Program):
             "prio": np.zeros(p), "rng": np.random.default_rng(self.seed), "rr": 0,
             "need_gap": True, "need_refresh": False, "since_check": 0, "n_checks": 0,
             "gap": np.inf, "objective": 0.5 * float(ytil @ ytil) / n, "converged": False,
-            "updates": 0, "last": {}, "max_abs_w": 0.0, "priority_q": {}, "inner_tol": 1e-2,
+            "updates": 0, "last": {}, "max_abs_w": 0.0, "priority_q": {},
         }
         self._rebuild_sampler()
 
     def needs_barrier(self, round):
         d = self.driver
         return d["need_gap"] or d["need_refresh"]
+
+    def _inner_tol(self):
+        """How far a working set is solved: as far as the global gap warrants (celer's rule
+        of thumb; tight inner tolerances while the working set still changes waste sweeps)."""
+        d = self.driver
+        gap_rel = d["gap"] / max(0.5 * d["ynorm2"] / d["n"], 1e-300)
+        return float(max(self.tol, min(1e-2, _INNER_GAP_FRACTION * gap_rel)))
 
     def _candidates(self):
         d = self.driver
@@ -370,11 +377,7 @@ class LassoProgram(Program):
             stride = max(1, len(cand) // _QUANTILE_SAMPLE)
             d["priority_q"][round] = np.quantile(d["prio"][cand[::stride]],
                                                  _PRIORITY_QUANTILES).tolist()
-        # solve each working set only as far as the global gap warrants (celer's rule of
-        # thumb): tight inner tolerances while the working set still changes waste sweeps
-        gap_rel = d["gap"] / max(0.5 * d["ynorm2"] / d["n"], 1e-300)
-        inner_tol = d["inner_tol"] = float(max(self.tol,
-                                               min(1e-2, _INNER_GAP_FRACTION * gap_rel)))
+        inner_tol = self._inner_tol()
         owner = np.searchsorted(d["starts"], cand, side="right") - 1
         plans = []
         for k in range(P):
@@ -433,16 +436,15 @@ class LassoProgram(Program):
                 default=0.0)
             d["max_abs_w"] = max(d["max_abs_w"], round_w_max)
             if self.inner_sweeps == 1:
-                # one sweep per round: the rounds together are the working-set solve, and
-                # it is solved by the working-set solver's own rule (largest step at most
-                # inner_tol times the largest coefficient of the set)
-                solved = moving <= d["inner_tol"] * round_w_max
+                # one sweep per round: the rounds together are the working-set solve, solved
+                # by the working-set solver's own rule (largest step at most inner_tol times
+                # the largest coefficient of the set)
+                solved = moving <= self._inner_tol() * round_w_max
             else:
                 solved = all(pt["solved"] or len(pt["kept"]) == 0 for pt in partials)
-            # check the gap after an epoch's worth of updates, or as soon as the last round's
-            # largest step is small against the coefficients (scikit-learn's trigger)
-            # a solved working set (every worker's sweeps stopped early) or a tiny last step:
-            # time to check global optimality and refresh every priority
+            # check the gap (global optimality, and every priority refreshed) after an
+            # epoch's worth of updates, once the working set is solved, or as soon as the
+            # round's largest step is small against the coefficients (scikit-learn's trigger)
             settled = self.schedule_kind == "priority" and (
                 solved or moving <= self.tol * max(d["max_abs_w"], 1e-300))
             if d["since_check"] >= self.check_every or settled:

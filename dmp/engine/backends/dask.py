@@ -27,6 +27,20 @@ EVENT_FLUSH_S = 0.2
 QUIET_DASK_CONFIG = {"distributed.admin.tick.interval": "200ms",
                      "distributed.admin.system-monitor.interval": "5s",
                      "distributed.worker.profile.enabled": False}
+
+
+def quiet_local_cluster(n_workers: int, **kwargs):
+    """A ``LocalCluster`` of ``n_workers`` worker processes (single-threaded unless
+    ``threads_per_worker`` says otherwise) created under ``QUIET_DASK_CONFIG``: the cluster
+    ``dmp run`` embeds, and the one the benchmarks measure.  ``kwargs`` go to LocalCluster."""
+    import dask
+    from distributed import LocalCluster
+
+    kwargs = {"threads_per_worker": 1, "processes": True, **kwargs}
+    with dask.config.set(QUIET_DASK_CONFIG):
+        return LocalCluster(n_workers=n_workers, **kwargs)
+
+
 _LOST_MARKERS = ("lost", "closed", "connection", "timed out", "no valid worker", "not found")
 
 
