@@ -186,10 +186,12 @@ class LDAProgram(Program):
         # the block now belongs to the neighbour: drop it here, so a worker holds its next
         # block and (while it arrives) the one in transit, never an old one besides
         s["held"] = None
+        # packing only pays for bytes on the wire: a lone partition keeps its block as is
+        pack = pack_block if dest != s["p"] else (lambda table: table)
         if plan["kind"] == "count":
             K.count_block(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table)
             partial = {"n_k": s["local_nk"].copy()} if round == 0 else {}
-            return Sends(partial, {dest: (b, pack_block(table))})
+            return Sends(partial, {dest: (b, pack(table))})
         n_k = s["n_k"]
         before = n_k.copy()
         u = round_uniforms(self.seed, round, s["p"], t1 - t0)
@@ -207,7 +209,7 @@ class LDAProgram(Program):
             partial["ll_doc"] = K.doc_loglik(s["doc_len"], self.n_topics, self.alpha,
                                              s["dnz_ptr"], s["dnz"], s["dnz_cnt"])
             partial["ll_word"] = K.word_loglik(table, self.beta)
-        return Sends(partial, {dest: (b, pack_block(table))})
+        return Sends(partial, {dest: (b, pack(table))})
 
     def apply(self, s, update):
         s["n_k"] = np.array(update, dtype=np.int64)
