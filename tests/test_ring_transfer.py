@@ -124,3 +124,59 @@ def test_large_messages_arrive_worker_to_worker(dask_client):
         _fit_and_check(backend, 2)
     finally:
         backend.close()
+
+
+class SlowArrival(PassLeft):
+    """Small messages whose receiver takes ``DELAY`` seconds to take them in (on the worker's
+    event loop), and partitions that report how many they took in."""
+
+    DELAY = 0.4
+
+    def init_partition(self, spec):
+        return {**super().init_partition(spec), "received": 0}
+
+    def receive(self, state, round, src, payload):
+        import time
+
+        time.sleep(self.DELAY)
+        state["received"] += 1
+        state["inbox"][round] = (src, payload)
+
+    def push(self, s, plan):
+        r, p, P = plan["round"], s["p"], s["P"]
+        ok = True
+        if r > 0:
+            src, msg = s["inbox"].pop(r - 1, (None, None))
+            ok = src == (p + 1) % P and np.array_equal(msg, np.arange(4) + 10 * src + r - 1)
+            s["checked"] += 1
+        return Sends({"ok": bool(ok), "checked": s["checked"]},
+                     {(p - 1) % P: np.arange(4) + 10 * p + r})
+
+    def partition_arrays(self, state):
+        return {"received": np.array([state["received"]])}
+
+
+@pytest.mark.dask
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_a_push_sees_the_previous_rounds_message_however_late_it_lands(dask_client,
+                                                                        staleness):
+    """Bulk synchronous rounds do not wait for the receiver to confirm a message (the next
+    round waits for it instead: the sender's hand-over is quick); with rounds in flight the
+    sender waits.  Either way every push sees its message and the partitions collected at
+    the end hold the last round's messages too."""
+    from dmp.engine.backends.dask import DaskBackend
+
+    rounds = 4
+    backend = DaskBackend(dask_client)
+    try:
+        prog = SlowArrival()
+        res = run(prog, backend, max_iter=rounds, staleness=staleness)
+    finally:
+        backend.close()
+    assert prog.driver["verdicts"] == [[(True, r)] * 2 for r in range(rounds)]
+    assert [int(a["received"][0]) for a in res.partition_arrays] == [rounds, rounds]
+    ring_s = np.array([h["ring_s"] for h in res.history])
+    if staleness == 0:
+        assert ring_s.max() < SlowArrival.DELAY / 2
+    else:
+        assert np.median(ring_s) >= SlowArrival.DELAY * 0.9

@@ -82,6 +82,9 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
     if resume and store is None:
         raise ValueError("resume=True needs a checkpoint location")
     n_parts = backend.n_partitions
+    # bulk synchronous: every round is gathered before the next is issued, so the backend
+    # can tell each partition which ring messages to wait for instead of making senders wait
+    backend.ring_ack = staleness > 0
     specs = program.partition_specs(n_parts)
     t_start = time.perf_counter()
     history: list[dict] = []

@@ -21,6 +21,10 @@ from .program import Sends
 RING_PIECE_BYTES = 16 * 2**20
 #: pieces sent before waiting for the first to land (bounds the receiver's transient buffers)
 RING_PIECES_IN_FLIGHT = 4
+#: seconds a partition waits for a ring message the driver says is on its way (every sender
+#: had already handed it to the network when the driver said so; a lost sender is noticed by
+#: the driver well before this)
+RING_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -103,11 +107,14 @@ class PartitionWorker:
     def _send(self, dest: int, round: int, payload) -> None:
         self.peers[dest].deliver(round, self.index, payload)
 
-    def _send_all(self, round: int, messages: dict) -> int:
+    def _send_all(self, round: int, messages: dict) -> tuple[int, list]:
+        """Hand the messages over; returns their bytes and the partitions they went to
+        (other than this one)."""
         if messages and self.peers is None:
             raise RuntimeError("a push sent ring messages but the partitions are not "
                                "connected (set Program.uses_ring = True)")
         nbytes = 0
+        sent_to = []
         for dest, payload in messages.items():
             if dest == self.index:
                 # to itself: the plain method (the actor's deliver is a coroutine)
@@ -115,7 +122,8 @@ class PartitionWorker:
             else:
                 self._send(int(dest), round, payload)
                 nbytes += payload_nbytes(payload)
-        return nbytes
+                sent_to.append(int(dest))
+        return nbytes, sent_to
 
     def info(self) -> dict:
         return {"index": self.index, "pid": os.getpid(), "init_s": self.init_s}
@@ -129,13 +137,14 @@ class PartitionWorker:
         push_s = time.perf_counter() - t0
         ring = 0
         ring_s = 0.0
+        sent_to: list = []
         if isinstance(partial, Sends):
             t1 = time.perf_counter()
-            ring = self._send_all(round, partial.messages)
+            ring, sent_to = self._send_all(round, partial.messages)
             ring_s = time.perf_counter() - t1
             partial = partial.partial
         return {"partial": partial, "push_s": push_s, "round": round, "bytes_ring": ring,
-                "ring_s": ring_s}
+                "ring_s": ring_s, "sent_to": sent_to}
 
     def apply(self, update) -> None:
         if update is not None:
@@ -161,6 +170,12 @@ class ActorPartitionWorker(PartitionWorker):
     Un-awaited actor calls can reach the worker out of order, so every call carries its
     round number and waits for its predecessor; the computation itself runs in a thread
     (the kernels release the GIL) so the worker's event loop stays responsive.
+
+    Ring messages: with ``ack`` (rounds kept in flight) a push returns only once its peers
+    hold its messages.  Without it the last call of a message is not waited for -- the
+    round's barrier and the driver's pull overlap its transfer -- and the driver, which
+    learns from the round's results who sent to whom, passes each partition the number of
+    messages to wait for before it touches its state again (`await_inbox`).
     """
 
     def __init__(self, program, spec, index: int):
@@ -168,13 +183,51 @@ class ActorPartitionWorker(PartitionWorker):
         self._next_round = None
         self._cond = None
         self._incoming: dict = {}
+        self._ack = True
+        self._unacked: list = []          # deliver calls not yet confirmed by their peer
+        self._arrived: dict = {}          # ring messages received, by round
+        self._arrival = None              # asyncio.Condition, notified on each arrival
 
     def expect_round(self, round: int) -> None:
         self._next_round = round
 
+    def _arrival_cond(self):
+        if self._arrival is None:
+            self._arrival = asyncio.Condition()
+        return self._arrival
+
     async def deliver(self, round: int, src: int, payload) -> None:  # type: ignore[override]
         # on the event loop, so it lands while this worker's own push runs in its thread
         PartitionWorker.deliver(self, round, src, _assemble(payload, self._incoming))
+        cond = self._arrival_cond()
+        async with cond:
+            self._arrived[round] = self._arrived.get(round, 0) + 1
+            cond.notify_all()
+
+    async def await_inbox(self, inbox) -> None:
+        """Wait until ``inbox = (round, n)``: the ``n`` ring messages sent to this
+        partition in ``round`` have been received (None: nothing to wait for).  Also
+        raises the failure of any earlier message of this partition's own."""
+        unacked, self._unacked = self._unacked, []
+        for fut in unacked:
+            if fut.done():
+                await fut
+            else:
+                self._unacked.append(fut)
+        if inbox is None:
+            return
+        round, n = inbox
+        cond = self._arrival_cond()
+        try:
+            async with cond:
+                await asyncio.wait_for(
+                    cond.wait_for(lambda: self._arrived.get(round, 0) >= n), RING_WAIT_S)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise RuntimeError(f"partition {self.index}: {n} ring message(s) of round {round} "
+                               f"were sent to it, {self._arrived.get(round, 0)} arrived "
+                               f"within {RING_WAIT_S:.0f} s") from None
+        for r in [r for r in self._arrived if r <= round]:
+            del self._arrived[r]
 
     async def receive_piece(self, key, start: int, piece, shape, dtype) -> None:
         """Rows ``start:`` of an array of a ring message that follows (see `_Piecewise`)."""
@@ -206,15 +259,25 @@ class ActorPartitionWorker(PartitionWorker):
                     self._landed(*inflight.pop(0))
             for lent, fut in inflight:
                 self._landed(lent, fut)
-        peer.deliver(round, self.index, payload).result()
+        fut = peer.deliver(round, self.index, payload)
+        if self._ack:
+            fut.result()
+        else:
+            self._unacked.append(fut)
 
-    async def step(self, round: int, update, plan) -> dict:  # type: ignore[override]
+    async def step(self, round: int, update, plan, inbox=None,  # type: ignore[override]
+                   ack: bool = True) -> dict:
+        """`PartitionWorker.step` once round ``round - 1`` ran here and ``inbox`` (see
+        `await_inbox`) arrived; ``ack``: whether this round's ring messages are confirmed
+        before it returns."""
         if self._cond is None:
             self._cond = asyncio.Condition()
         async with self._cond:
             await self._cond.wait_for(
                 lambda: self._next_round is None or self._next_round == round)
         try:
+            await self.await_inbox(inbox)
+            self._ack = ack
             return await asyncio.to_thread(PartitionWorker.step, self, round, update, plan)
         finally:
             async with self._cond:

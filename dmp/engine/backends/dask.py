@@ -161,6 +161,11 @@ class DaskBackend:
         self._closed = False
         self._futures = []
         self._targets: list = []   # addresses of the partitions' workers
+        #: whether a ring message's sender waits until its peer has it; the runner clears
+        #: it when every round is gathered before the next is issued (no staleness)
+        self.ring_ack = True
+        #: (round, messages per partition) of ring messages possibly still in flight
+        self._inbox = None
 
     @property
     def n_partitions(self) -> int:
@@ -170,6 +175,7 @@ class DaskBackend:
         return sorted(cluster_workers(self.client).values(), key=str)
 
     def _create(self, program, specs, names, exclude=frozenset()) -> None:
+        self._inbox = None
         self.placement = [names[k % len(names)] for k in range(len(specs))]
         workers = {a: w for a, w in _identity_workers(self.client).items() if a not in exclude}
         address = {w.get("name", a): a for a, w in workers.items()}
@@ -335,27 +341,54 @@ class DaskBackend:
                 raise WorkerLostError(str(exc) or type(exc).__name__) from exc
             raise
 
+    def _inbox_for(self, k: int):
+        return None if self._inbox is None else (self._inbox[0], self._inbox[1][k])
+
+    def _settle_inbox(self) -> None:
+        """Before a call other than a step touches the partitions: every ring message of
+        the last gathered round has arrived."""
+        if self._inbox is not None:
+            self._results(self._issue([(a, "await_inbox", (self._inbox_for(k),))
+                                       for k, a in enumerate(self.actors)]))
+            self._inbox = None
+
     def step(self, round, updates, plans):
-        return self._issue([(a, "step", (round, update_for(updates, k), plans[k]))
-                            for k, a in enumerate(self.actors)])
+        calls = [(a, "step", (round, update_for(updates, k), plans[k], self._inbox_for(k),
+                              self.ring_ack))
+                 for k, a in enumerate(self.actors)]
+        self._inbox = None
+        return self._issue(calls)
 
     def gather(self, handle):
-        return self._results(handle)
+        results = self._results(handle)
+        if not self.ring_ack:
+            counts = [0] * len(self.actors)
+            for res in results:
+                for dest in res.get("sent_to", ()):
+                    counts[dest] += 1
+            if any(counts):
+                self._inbox = (results[0]["round"], counts)
+        return results
 
     def apply_all(self, updates) -> None:
+        self._settle_inbox()
         self._results(self._issue([(a, "apply", (update_for(updates, k),))
                                    for k, a in enumerate(self.actors)]))
 
     def save_all(self, paths) -> None:
+        self._settle_inbox()
         self._results(self._issue([(a, "save", (p,)) for a, p in zip(self.actors, paths)]))
 
     def restore_all(self, paths) -> None:
+        self._settle_inbox()
         self._results(self._issue([(a, "restore", (p,)) for a, p in zip(self.actors, paths)]))
 
     def collect_all(self) -> list[dict]:
+        self._settle_inbox()
         return self._results(self._issue([(a, "collect", ()) for a in self.actors]))
 
     def call_all(self, method, *args) -> list:
+        self._settle_inbox()
         return self._results(self._issue([(a, "call", (method, *args)) for a in self.actors]))
 
     def worker_pids(self) -> list[int]:
