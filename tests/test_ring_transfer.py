@@ -160,10 +160,10 @@ class SlowArrival(PassLeft):
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_a_push_sees_the_previous_rounds_message_however_late_it_lands(dask_client,
                                                                         staleness):
-    """Bulk synchronous rounds do not wait for the receiver to confirm a message (the next
-    round waits for it instead: the sender's hand-over is quick); with rounds in flight the
-    sender waits.  Either way every push sees its message and the partitions collected at
-    the end hold the last round's messages too."""
+    """A sender does not wait for the receiver to confirm a message (the receiver's next
+    round waits for it instead: the hand-over is quick), and a ring program's rounds run bulk
+    synchronously even with staleness: every push sees its message and the partitions
+    collected at the end hold the last round's messages too."""
     from dmp.engine.backends.dask import DaskBackend
 
     rounds = 4
@@ -176,7 +176,4 @@ def test_a_push_sees_the_previous_rounds_message_however_late_it_lands(dask_clie
     assert prog.driver["verdicts"] == [[(True, r)] * 2 for r in range(rounds)]
     assert [int(a["received"][0]) for a in res.partition_arrays] == [rounds, rounds]
     ring_s = np.array([h["ring_s"] for h in res.history])
-    if staleness == 0:
-        assert ring_s.max() < SlowArrival.DELAY / 2
-    else:
-        assert np.median(ring_s) >= SlowArrival.DELAY * 0.9
+    assert ring_s.max() < SlowArrival.DELAY / 2

@@ -32,9 +32,10 @@ class Sends:
 
     ``partial`` goes to the driver's pull as usual.  Each ``messages[dest]`` goes straight to
     partition ``dest`` -- actor to actor on Dask, never through the driver -- and is handed
-    to :meth:`Program.receive` there before ``dest``'s next push, apply, save or collect
-    (with staleness, before this round's barrier completes), so the next round's push on
-    ``dest`` sees it.  The bytes are counted as ``bytes_ring``.
+    to :meth:`Program.receive` there before ``dest``'s next push, apply, save or collect,
+    so the next round's push on ``dest`` sees it (a program with ring messages runs its
+    rounds bulk synchronously whatever the staleness).  The bytes are counted as
+    ``bytes_ring``.
     """
 
     partial: Any

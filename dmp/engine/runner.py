@@ -82,9 +82,10 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
     if resume and store is None:
         raise ValueError("resume=True needs a checkpoint location")
     n_parts = backend.n_partitions
-    # bulk synchronous: every round is gathered before the next is issued, so the backend
-    # can tell each partition which ring messages to wait for instead of making senders wait
-    backend.ring_ack = staleness > 0
+    # a ring program's rounds always run bulk synchronously (a push needs the messages of
+    # the round before), so the backend can tell each partition which ring messages to wait
+    # for instead of making senders wait for their peers
+    backend.ring_ack = staleness > 0 and not program.uses_ring
     specs = program.partition_specs(n_parts)
     t_start = time.perf_counter()
     history: list[dict] = []
@@ -168,7 +169,8 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
                 t_loop0 = time.perf_counter() - offset
                 while round_ < max_iter or pending:
                     can_issue = round_ < max_iter and not (converged or stopped)
-                    if can_issue and pending and program.needs_barrier(round_):
+                    if can_issue and pending and (program.uses_ring
+                                                  or program.needs_barrier(round_)):
                         can_issue = False  # drain the rounds in flight first
                     if can_issue:
                         plans = program.schedule(round_)
