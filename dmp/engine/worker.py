@@ -171,11 +171,11 @@ class ActorPartitionWorker(PartitionWorker):
     round number and waits for its predecessor; the computation itself runs in a thread
     (the kernels release the GIL) so the worker's event loop stays responsive.
 
-    Ring messages: with ``ack`` (rounds kept in flight) a push returns only once its peers
-    hold its messages.  Without it the last call of a message is not waited for -- the
-    round's barrier and the driver's pull overlap its transfer -- and the driver, which
-    learns from the round's results who sent to whom, passes each partition the number of
-    messages to wait for before it touches its state again (`await_inbox`).
+    Ring messages: the last call of a message is not waited for -- the round's barrier and
+    the driver's pull overlap its transfer -- and the driver, which learns from the round's
+    results who sent to whom, passes each partition the number of messages to wait for
+    before it touches its state again (`await_inbox`).  With ``ack`` (a backend driven
+    without that bookkeeping) a push returns only once its peers hold its messages.
     """
 
     def __init__(self, program, spec, index: int):
