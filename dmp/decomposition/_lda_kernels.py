@@ -19,8 +19,8 @@ Two samplers draw from the same conditional
 
 A document's topic counts exist only in sparse form: its nonzero topics and their counts are
 the rows ``dnz[dnz_ptr[d]:dnz_ptr[d] + dnz_cnt[d]]`` (``[topic, count]`` pairs of 16-bit
-integers where they fit, capacity ``min(K, N_d)``), contiguous so that the document bucket reads one short run of memory rather
-than a K-wide row.  A count reaching zero is removed by moving the last pair into its place and
+integers where they fit, capacity ``min(K, N_d)``), contiguous so that the document bucket
+reads one short run of memory rather than a K-wide row.  A count reaching zero is removed by moving the last pair into its place and
 a new topic is appended, so the order is part of the sampler's state (the numpy reference
 reproduces it).  The sparse sampler takes a token's count off its topic while it computes the
 document bucket (the topic's pair stays, with its smaller count, during the draw); after the

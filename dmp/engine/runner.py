@@ -82,10 +82,6 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
     if resume and store is None:
         raise ValueError("resume=True needs a checkpoint location")
     n_parts = backend.n_partitions
-    # a ring program's rounds always run bulk synchronously (a push needs the messages of
-    # the round before), so the backend can tell each partition which ring messages to wait
-    # for instead of making senders wait for their peers
-    backend.ring_ack = staleness > 0 and not program.uses_ring
     specs = program.partition_specs(n_parts)
     t_start = time.perf_counter()
     history: list[dict] = []
@@ -169,6 +165,9 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
                 t_loop0 = time.perf_counter() - offset
                 while round_ < max_iter or pending:
                     can_issue = round_ < max_iter and not (converged or stopped)
+                    # a ring program's push needs the messages of the round before: its
+                    # rounds never overlap (the backend then tells each partition which
+                    # messages to wait for, instead of making senders wait for their peers)
                     if can_issue and pending and (program.uses_ring
                                                   or program.needs_barrier(round_)):
                         can_issue = False  # drain the rounds in flight first

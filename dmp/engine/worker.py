@@ -174,8 +174,7 @@ class ActorPartitionWorker(PartitionWorker):
     Ring messages: the last call of a message is not waited for -- the round's barrier and
     the driver's pull overlap its transfer -- and the driver, which learns from the round's
     results who sent to whom, passes each partition the number of messages to wait for
-    before it touches its state again (`await_inbox`).  With ``ack`` (a backend driven
-    without that bookkeeping) a push returns only once its peers hold its messages.
+    before it touches its state again (`await_inbox`).
     """
 
     def __init__(self, program, spec, index: int):
@@ -183,7 +182,6 @@ class ActorPartitionWorker(PartitionWorker):
         self._next_round = None
         self._cond = None
         self._incoming: dict = {}
-        self._ack = True
         self._unacked: list = []          # deliver calls not yet confirmed by their peer
         self._arrived: dict = {}          # ring messages received, by round
         self._arrival = None              # asyncio.Condition, notified on each arrival
@@ -243,8 +241,9 @@ class ActorPartitionWorker(PartitionWorker):
         lent.release()
 
     def _send(self, dest: int, round: int, payload) -> None:
-        # from the push's thread: the actor calls go worker to worker, and the push (hence
-        # the round's barrier) completes only once the peer has the message
+        # from the push's thread: the actor calls go worker to worker; large arrays land
+        # piece by piece before the push returns, the message's last call is checked later
+        # (`await_inbox`), its arrival awaited by the peer
         peer = self.peers[dest]
         payload, arrays = _split_large(payload, (self.index, round))
         for key, arr in arrays:
@@ -259,17 +258,12 @@ class ActorPartitionWorker(PartitionWorker):
                     self._landed(*inflight.pop(0))
             for lent, fut in inflight:
                 self._landed(lent, fut)
-        fut = peer.deliver(round, self.index, payload)
-        if self._ack:
-            fut.result()
-        else:
-            self._unacked.append(fut)
+        self._unacked.append(peer.deliver(round, self.index, payload))
 
-    async def step(self, round: int, update, plan, inbox=None,  # type: ignore[override]
-                   ack: bool = True) -> dict:
+    async def step(self, round: int, update, plan,  # type: ignore[override]
+                   inbox=None) -> dict:
         """`PartitionWorker.step` once round ``round - 1`` ran here and ``inbox`` (see
-        `await_inbox`) arrived; ``ack``: whether this round's ring messages are confirmed
-        before it returns."""
+        `await_inbox`) arrived."""
         if self._cond is None:
             self._cond = asyncio.Condition()
         async with self._cond:
@@ -277,7 +271,6 @@ class ActorPartitionWorker(PartitionWorker):
                 lambda: self._next_round is None or self._next_round == round)
         try:
             await self.await_inbox(inbox)
-            self._ack = ack
             return await asyncio.to_thread(PartitionWorker.step, self, round, update, plan)
         finally:
             async with self._cond:

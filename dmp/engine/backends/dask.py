@@ -161,9 +161,6 @@ class DaskBackend:
         self._closed = False
         self._futures = []
         self._targets: list = []   # addresses of the partitions' workers
-        #: whether a ring message's sender waits until its peer has it; the runner clears
-        #: it when every round is gathered before the next is issued (no staleness)
-        self.ring_ack = True
         #: (round, messages per partition) of ring messages possibly still in flight
         self._inbox = None
 
@@ -353,21 +350,19 @@ class DaskBackend:
             self._inbox = None
 
     def step(self, round, updates, plans):
-        calls = [(a, "step", (round, update_for(updates, k), plans[k], self._inbox_for(k),
-                              self.ring_ack))
+        calls = [(a, "step", (round, update_for(updates, k), plans[k], self._inbox_for(k)))
                  for k, a in enumerate(self.actors)]
         self._inbox = None
         return self._issue(calls)
 
     def gather(self, handle):
         results = self._results(handle)
-        if not self.ring_ack:
-            counts = [0] * len(self.actors)
-            for res in results:
-                for dest in res.get("sent_to", ()):
-                    counts[dest] += 1
-            if any(counts):
-                self._inbox = (results[0]["round"], counts)
+        counts = [0] * len(self.actors)
+        for res in results:
+            for dest in res.get("sent_to", ()):
+                counts[dest] += 1
+        if any(counts):
+            self._inbox = (results[0]["round"], counts)
         return results
 
     def apply_all(self, updates) -> None:

@@ -26,8 +26,6 @@ class LocalBackend:
             raise ValueError(f"n_workers must be >= 1, got {n_workers}")
         self.n_workers = int(n_workers)
         self.workers: list[PartitionWorker] = []
-        #: ring messages are handed over synchronously here; kept for the runner's protocol
-        self.ring_ack = True
 
     @property
     def n_partitions(self) -> int:
