@@ -17,12 +17,14 @@ def _objective(X, y, est, alpha):
     return 0.5 * float(r @ r) / X.shape[0] + alpha * np.abs(est.coef_).sum()
 
 
-@pytest.mark.parametrize("n_workers", [1, 3])
-def test_interrupted_fit_resumes_to_the_same_result(tmp_path, n_workers):
+@pytest.mark.parametrize("n_workers, staleness", [(1, 0), (3, 0), (3, 1)])
+def test_interrupted_fit_resumes_to_the_same_result(tmp_path, n_workers, staleness):
+    # with staleness, rounds stay in flight: the checkpoint rounds must still be reached
+    # drained, and written
     X, y = make_problem(n=200, p=1500, density=0.03, seed=2)
     alpha = 0.02 * alpha_max(X, y)
     kw = dict(alpha=alpha, tol=1e-8, random_state=0, n_workers=n_workers, backend="local",
-              schedule="round_robin", schedule_size=100)
+              schedule="round_robin", schedule_size=100, staleness=staleness)
     full = Lasso(**kw).fit(X, y)
     assert full.n_iter_ > 40
     ckpt = str(tmp_path / "ckpt.zarr")
@@ -33,7 +35,7 @@ def test_interrupted_fit_resumes_to_the_same_result(tmp_path, n_workers):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         part = Lasso(checkpoint=ckpt, checkpoint_every=10, callback=stop_at_35, **kw).fit(X, y)
-    assert part.n_iter_ == 36
+    assert part.n_iter_ == 36 + staleness  # the rounds in flight finish
     assert CheckpointStore(ckpt).latest() == 30
     resumed = Lasso(checkpoint=ckpt, checkpoint_every=500, resume=True, **kw).fit(X, y)
     # the run continued from round 30 (history restored up to there, then extended)

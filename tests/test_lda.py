@@ -159,16 +159,56 @@ def test_count_invariants_after_every_sub_round(P):
     assert seen == list(range(P * 4))
 
 
+class _NkProgram(LDAProgram):
+    def n_k_view(self, s):
+        return s["n_k"].copy()
+
+
+def test_stale_topic_totals_stay_nonnegative_and_end_exact():
+    """With staleness 1 a partition samples against the totals of two rounds back plus its
+    own changes since: never a negative total, and once the rounds in flight drain every
+    partition's totals equal the driver's, which equal the sum of the assignments."""
+    X, _, _ = lda_corpus(n_docs=60, n_words=90, n_topics=5, doc_len=30, seed=2)
+    prog = _NkProgram(InMemorySparseRowDataset(X, np.zeros(60), n_shards=3), n_topics=5,
+                      alpha=0.1, beta=0.05, n_sweeps=4, sampler="sparse", seed=0)
+    backend = LocalBackend(3)
+    local, checked = {}, []
+
+    def check(round, metrics):
+        # in process, when round r is pulled the push of r + 1 has run already; from round
+        # 5 on (after the barrier before the first sampling round, 3) it had the pull of
+        # r - 1, plus its own changes of r and r + 1: the others' counts after round r - 1
+        # (seen at the callback of r - 2) and its own now
+        local[round] = [s["local_n_k"] for s in backend.call_all("check_counts")]
+        if round < 3:
+            return False
+        views = backend.call_all("n_k_view")
+        assert min(int(v.min()) for v in views) >= 0
+        if 6 <= round < 14:   # (after round 14, the last, no push follows)
+            for p, view in enumerate(views):
+                others = np.sum([local[round - 2][q] for q in range(3) if q != p], axis=0)
+                np.testing.assert_array_equal(view, others + local[round][p])
+            checked.append(round)
+        return False
+
+    res = run(prog, backend, max_iter=15, staleness=1, callback=check)
+    assert len(res.history) == 15 and checked == list(range(6, 14))
+    exact = np.sum([s["local_n_k"] for s in backend.call_all("check_counts")], axis=0)
+    np.testing.assert_array_equal(prog.driver["n_k"], exact)
+    for view in backend.call_all("n_k_view"):
+        np.testing.assert_array_equal(view, exact)
+
+
 def test_blocks_move_partition_to_partition_and_bytes_are_counted():
     X, _, _ = lda_corpus(n_docs=60, n_words=90, n_topics=5, doc_len=30, seed=3)
-    lda = LatentDirichletAllocation(5, max_iter=2, backend="local", n_workers=3,
+    lda = LatentDirichletAllocation(5, max_iter=2, backend="local", n_workers=3, staleness=0,
                                     random_state=0).fit(X)
     h = lda.history_
     # each sub-round every partition hands its block (rows x K int32, plus the block id) to
     # its neighbour: all 90 word rows move once per sub-round
     assert np.all(h["bytes_ring"] == 90 * 5 * 4 + 3 * 8)
-    # only the topic totals pass the driver: K int64 per partition each way
-    assert np.all(h["bytes_pull"][1:] == 3 * 5 * 8)
+    # only the topic totals pass the driver: K int64 (and the round) per partition each way
+    assert np.all(h["bytes_pull"][1:] == 3 * (5 * 8 + 8))
     assert list(h["phase"][:3]) == ["count"] * 3 and set(h["phase"][3:]) == {"sample"}
 
 
@@ -274,14 +314,15 @@ def test_score_perplexity_and_top_words():
 
 def test_resume_from_checkpoint_gives_the_uninterrupted_result(tmp_path):
     X, _, _ = lda_corpus(n_docs=80, n_words=100, n_topics=4, doc_len=30, seed=6)
-    kw = dict(max_iter=8, backend="local", n_workers=2, random_state=3)
+    # staleness 1 (the default): the rounds of the checkpoints start drained, with or
+    # without a checkpoint location, so the same checkpoint_every gives the same chain
+    kw = dict(max_iter=8, backend="local", n_workers=2, random_state=3, checkpoint_every=2)
     full = LatentDirichletAllocation(4, **kw).fit(X)
     ck = str(tmp_path / "ck.zarr")
-    stop = LatentDirichletAllocation(4, checkpoint=ck, checkpoint_every=2,
-                                     callback=lambda r, m: r == 11, **kw).fit(X)
+    stop = LatentDirichletAllocation(4, checkpoint=ck, callback=lambda r, m: r == 11,
+                                     **kw).fit(X)
     assert stop.n_iter_ < 8
-    resumed = LatentDirichletAllocation(4, checkpoint=ck, checkpoint_every=2, resume=True,
-                                        **kw).fit(X)
+    resumed = LatentDirichletAllocation(4, checkpoint=ck, resume=True, **kw).fit(X)
     np.testing.assert_array_equal(resumed.topic_word_counts_, full.topic_word_counts_)
     assert resumed.log_likelihood_ == full.log_likelihood_
 

@@ -161,8 +161,8 @@ class SlowArrival(PassLeft):
 def test_a_push_sees_the_previous_rounds_message_however_late_it_lands(dask_client,
                                                                         staleness):
     """A sender does not wait for the receiver to confirm a message (the receiver's next
-    round waits for it instead: the hand-over is quick), and a ring program's rounds run bulk
-    synchronously even with staleness: every push sees its message and the partitions
+    round waits for it instead: the hand-over is quick), and an undeclared ring program's rounds
+    run bulk synchronously even with staleness: every push sees its message and the partitions
     collected at the end hold the last round's messages too."""
     from dmp.engine.backends.dask import DaskBackend
 
@@ -177,3 +177,80 @@ def test_a_push_sees_the_previous_rounds_message_however_late_it_lands(dask_clie
     assert [int(a["received"][0]) for a in res.partition_arrays] == [rounds, rounds]
     ring_s = np.array([h["ring_s"] for h in res.history])
     assert ring_s.max() < SlowArrival.DELAY / 2
+
+
+class DeclaredSlowArrival(SlowArrival):
+    """`SlowArrival` that declares its messages (one per partition per round), so its rounds
+    may overlap, and whose pushes report the round of the last pull they had applied."""
+
+    def ring_inbox(self, round):
+        return [1] * self.driver["P"]
+
+    def pull(self, round, partials):
+        super().pull(round, partials)
+        self.driver.setdefault("saw", []).append([q["saw"] for q in partials])
+        return Broadcast(round)
+
+    def init_partition(self, spec):
+        return {**super().init_partition(spec), "saw": None}
+
+    def apply(self, s, update):
+        s["saw"] = update
+
+    def push(self, s, plan):
+        out = super().push(s, plan)
+        out.partial["saw"] = s["saw"]
+        return out
+
+
+@pytest.mark.dask
+def test_declared_ring_rounds_overlap_and_still_wait_for_late_messages(dask_client):
+    """With `Program.ring_inbox` declared and staleness 1, round r's push starts before
+    round r - 1 was pulled (it sees the pull of r - 2), yet after the message of r - 1 landed
+    (each takes 0.4 s to land)."""
+    from dmp.engine.backends.dask import DaskBackend
+
+    rounds = 5
+    backend = DaskBackend(dask_client)
+    try:
+        prog = DeclaredSlowArrival()
+        res = run(prog, backend, max_iter=rounds, staleness=1)
+    finally:
+        backend.close()
+    assert prog.driver["verdicts"] == [[(True, r)] * 2 for r in range(rounds)]
+    assert [int(a["received"][0]) for a in res.partition_arrays] == [rounds, rounds]
+    assert prog.driver["saw"] == [[None] * 2] * 2 + [[r - 2] * 2 for r in range(2, rounds)]
+
+
+@pytest.mark.dask
+def test_a_wrongly_declared_ring_inbox_is_reported(dask_client):
+    from dmp.engine.backends.dask import DaskBackend
+
+    class Undercounted(DeclaredSlowArrival):
+        DELAY = 0.0
+
+        def ring_inbox(self, round):
+            return [0] * self.driver["P"]
+
+    backend = DaskBackend(dask_client)
+    try:
+        with pytest.raises(RuntimeError, match=r"declared ring messages \[0, 0\] .* sent "
+                                               r"\[1, 1\]"):
+            run(Undercounted(), backend, max_iter=4, staleness=1)
+    finally:
+        backend.close()
+
+
+def test_undeclared_ring_rounds_run_bulk_synchronously_in_process():
+    """Without `ring_inbox` a ring program's rounds never overlap, whatever the staleness:
+    each push sees the pull of the round before."""
+
+    class Undeclared(DeclaredSlowArrival):
+        DELAY = 0.0
+
+        def ring_inbox(self, round):
+            return None
+
+    prog = Undeclared()
+    run(prog, LocalBackend(2), max_iter=4, staleness=2)
+    assert prog.driver["saw"] == [[None] * 2] + [[r - 1] * 2 for r in range(1, 4)]

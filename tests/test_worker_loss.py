@@ -91,7 +91,8 @@ def test_random_kill_gives_the_undisturbed_result(cluster3, tmp_path, name):
     make, args, result, every = CASES[name]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        reference = make(backend="local", n_workers=3).fit(*args)
+        # the same checkpoint_every: with staleness (LDA) its rounds start drained
+        reference = make(backend="local", n_workers=3, checkpoint_every=every).fit(*args)
     n_rounds = len(reference.history_["round"])
     rng = random.Random(name)
     at_round = rng.randrange(n_rounds // 4, n_rounds // 2)
@@ -182,7 +183,7 @@ def test_lost_worker_never_replaced_partitions_redealt(tmp_path, name):
     make, args, result, every = CASES[name]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        reference = make(backend="local", n_workers=3).fit(*args)
+        reference = make(backend="local", n_workers=3, checkpoint_every=every).fit(*args)
     at_round = len(reference.history_["round"]) // 3
     fired = []
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,

@@ -156,7 +156,7 @@ class LDAProgram(Program):
                 "sizes": sizes, "local_nk": n_k,
                 # the block this partition starts with: its own, empty
                 "held": (p, np.zeros((int(sizes[p]), Kt), dtype=np.int32)),
-                "inbox": {}, "n_k": None,
+                "inbox": {}, "n_k": None, "own_dn": {},
                 "phi": np.empty(Kt), "buf": np.empty(Kt), "tree": np.empty(Kt + 1)}
 
     def receive(self, s, round, src, payload):
@@ -204,7 +204,10 @@ class LDAProgram(Program):
             K.sample_dense(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table, n_k, u,
                            self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz"], s["dnz_cnt"],
                            s["phi"], s["buf"])
-        partial = {"dn_k": n_k - before, "tokens": t1 - t0}
+        dn = n_k - before
+        # kept until a pull that includes it arrives (`apply`, with staleness)
+        s["own_dn"][round] = dn
+        partial = {"dn_k": dn, "tokens": t1 - t0}
         if plan["last"]:
             partial["ll_doc"] = K.doc_loglik(s["doc_len"], self.n_topics, self.alpha,
                                              s["dnz_ptr"], s["dnz"], s["dnz_cnt"])
@@ -212,7 +215,17 @@ class LDAProgram(Program):
         return Sends(partial, {dest: (b, pack(table))})
 
     def apply(self, s, update):
-        s["n_k"] = np.array(update, dtype=np.int64)
+        # the totals as of round `r`, plus this partition's own changes since (with
+        # staleness, the rounds after `r` already ran here): own counts are always exact,
+        # so no total can go negative; other partitions' changes arrive `staleness` late
+        r = update["round"]
+        n_k = np.array(update["n_k"], dtype=np.int64)
+        for q in sorted(s["own_dn"]):
+            if q <= r:
+                del s["own_dn"][q]
+            else:
+                n_k += s["own_dn"][q]
+        s["n_k"] = n_k
 
     @staticmethod
     def _next_block(s):
@@ -266,6 +279,7 @@ class LDAProgram(Program):
         else:
             s["inbox"] = {r: (b, table)}
         s["n_k"] = np.array(arrays["n_k"], dtype=np.int64) if "n_k" in arrays else None
+        s["own_dn"] = {}
 
     def check_counts(self, s) -> dict:
         """Count invariants of this partition (for tests): doc-topic rows sum to document
@@ -319,7 +333,13 @@ class LDAProgram(Program):
         return [{"kind": "sample", "round": round, "last": last}] * P
 
     def needs_barrier(self, round):
-        return True
+        # the first sampling round needs the totals of the counting rotation
+        return round == self.driver["P"]
+
+    def ring_inbox(self, round):
+        # every partition hands its block to its left neighbour each round
+        P = self.driver["P"]
+        return [1] * P if P > 1 else [0]
 
     def pull(self, round, partials):
         import time
@@ -332,7 +352,7 @@ class LDAProgram(Program):
                 dr["n_tokens"] = int(dr["n_k"].sum())
                 dr["t_sweep"] = time.perf_counter()
             dr["phase"] = "count"
-            return Broadcast(dr["n_k"])
+            return Broadcast({"round": round, "n_k": dr["n_k"]})
         dr["phase"] = "sample"
         dr["n_k"] = dr["n_k"] + np.sum([q["dn_k"] for q in partials], axis=0)
         if partials[0].get("ll_doc") is not None:
@@ -344,7 +364,7 @@ class LDAProgram(Program):
             now = time.perf_counter()
             dr["tokens_s"] = dr["n_tokens"] / max(now - dr["t_sweep"], 1e-12)
             dr["t_sweep"] = now
-        return Broadcast(dr["n_k"])
+        return Broadcast({"round": round, "n_k": dr["n_k"]})
 
     def metrics(self):
         dr = self.driver

@@ -33,8 +33,9 @@ class Sends:
     ``partial`` goes to the driver's pull as usual.  Each ``messages[dest]`` goes straight to
     partition ``dest`` -- actor to actor on Dask, never through the driver -- and is handed
     to :meth:`Program.receive` there before ``dest``'s next push, apply, save or collect,
-    so the next round's push on ``dest`` sees it (a program with ring messages runs its
-    rounds bulk synchronously whatever the staleness).  The bytes are counted as
+    so the next round's push on ``dest`` sees it (a ring program's rounds overlap, with
+    staleness, only when it declares its messages: :meth:`Program.ring_inbox`; otherwise
+    they run bulk synchronously).  The bytes are counted as
     ``bytes_ring``.
     """
 
@@ -151,6 +152,14 @@ class Program:
         keyed by ``round``, and do not touch what the push is using."""
         raise NotImplementedError(f"{type(self).__name__} sends ring messages but does not "
                                   f"receive them")
+
+    def ring_inbox(self, round: int) -> list[int] | None:
+        """How many ring messages each partition receives from the *other* partitions'
+        pushes of ``round``, when the schedule fixes it in advance; None when only the
+        pushes know.  Declaring it lets a ring program's rounds overlap (``staleness > 0``):
+        each push first waits for exactly these messages of the round before.  A ring
+        program that returns None runs bulk synchronously."""
+        return None
 
     def partition_arrays(self, state) -> dict:
         """The partition's model variables (checkpointed and gathered at the end)."""

@@ -65,6 +65,8 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
     staleness : int
         Number of rounds kept in flight beyond the current one (0 = bulk synchronous).  The
         pull result of round ``t`` reaches the workers with round ``t + staleness + 1``.
+        Rounds for which ``program.needs_barrier`` is true, and every ``checkpoint_every``-th
+        round, start after all earlier rounds were pulled and applied.
     checkpoint : str or path, optional
         Zarr checkpoint location; a checkpoint is written every ``checkpoint_every`` rounds.
     resume : bool
@@ -77,6 +79,8 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
     """
     if staleness < 0:
         raise ValueError(f"staleness must be >= 0, got {staleness}")
+    if checkpoint_every < 1:
+        raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
     store = CheckpointStore(checkpoint) if checkpoint is not None else None
     fingerprint = fingerprint or {}
     if resume and store is None:
@@ -165,11 +169,17 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
                 t_loop0 = time.perf_counter() - offset
                 while round_ < max_iter or pending:
                     can_issue = round_ < max_iter and not (converged or stopped)
-                    # a ring program's push needs the messages of the round before: its
-                    # rounds never overlap (the backend then tells each partition which
-                    # messages to wait for, instead of making senders wait for their peers)
-                    if can_issue and pending and (program.uses_ring
-                                                  or program.needs_barrier(round_)):
+                    if can_issue and pending and (
+                            program.needs_barrier(round_)
+                            # rounds that may be checkpointed start from a drained state,
+                            # with or without a checkpoint location: the same rounds see
+                            # the same updates whether a fit is checkpointed or not
+                            or round_ % checkpoint_every == 0
+                            # a ring program's push needs the messages of the round before:
+                            # its rounds overlap only when it declares how many each
+                            # partition waits for (`Program.ring_inbox`); otherwise the
+                            # backend learns it from the results of a drained round
+                            or (program.uses_ring and program.ring_inbox(round_ - 1) is None)):
                         can_issue = False  # drain the rounds in flight first
                     if can_issue:
                         plans = program.schedule(round_)

@@ -172,9 +172,10 @@ class ActorPartitionWorker(PartitionWorker):
     (the kernels release the GIL) so the worker's event loop stays responsive.
 
     Ring messages: the last call of a message is not waited for -- the round's barrier and
-    the driver's pull overlap its transfer -- and the driver, which learns from the round's
-    results who sent to whom, passes each partition the number of messages to wait for
-    before it touches its state again (`await_inbox`).
+    the driver's pull overlap its transfer -- and the driver passes each partition the
+    number of messages to wait for before it touches its state again (`await_inbox`): the
+    program's declared count (`Program.ring_inbox`) when the next round is issued while this
+    one still runs, else what the round's results say was sent to it.
     """
 
     def __init__(self, program, spec, index: int):
@@ -259,6 +260,17 @@ class ActorPartitionWorker(PartitionWorker):
             for lent, fut in inflight:
                 self._landed(lent, fut)
         self._unacked.append(peer.deliver(round, self.index, payload))
+
+    async def apply(self, update, after=None) -> None:  # type: ignore[override]
+        """`PartitionWorker.apply`, once the step of round ``after`` (when given: a round
+        still in flight when the driver sent this) ran here."""
+        if after is not None:
+            if self._cond is None:
+                self._cond = asyncio.Condition()
+            async with self._cond:
+                await self._cond.wait_for(
+                    lambda: self._next_round is None or self._next_round > after)
+        await asyncio.to_thread(PartitionWorker.apply, self, update)
 
     async def step(self, round: int, update, plan,  # type: ignore[override]
                    inbox=None) -> dict:
