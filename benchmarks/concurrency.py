@@ -2,12 +2,14 @@
 """What two workers computing at once cost each other on this machine: the ceiling of any
 2-worker speed-up, measured without Dask.
 
-    python benchmarks/concurrency.py               # about a minute on 2 cores
-    python benchmarks/concurrency.py --repeat 15 --topics 100 1000
+    python benchmarks/concurrency.py               # about 40 s on 2 cores
+    python benchmarks/concurrency.py --repeat 9 --topics 100 1000
 
 Two plain processes (``multiprocessing``, spawned) each hold the same kind of work on their
 own data.  Every repeat runs three phases, separated by barriers: process 0 alone, process 1
-alone, both at once.  A workload's *slowdown* is the median time of a run with both busy
+alone, both at once; in each phase a process runs its work ``--burst`` times back to back
+(as a fit's pushes follow each other: single runs after a rest come out faster, the cores'
+clock boost).  A workload's *slowdown* is the median time of a run with both busy
 over the median alone; two workers can then be at most ``2 / slowdown`` times faster than
 one, before any communication or scheduling cost.  Workloads:
 
@@ -91,7 +93,7 @@ def _make_work(name: str, half: int):
     return sweep
 
 
-def _child(half, names, repeat, barrier, queue):
+def _child(half, names, repeat, burst, barrier, queue):
     works = {name: _make_work(name, half) for name in names}
     out = {name: {"alone": [], "both": []} for name in names}
     for name, work in works.items():
@@ -101,26 +103,30 @@ def _child(half, names, repeat, barrier, queue):
             for phase in ("alone-0", "alone-1", "both"):
                 barrier.wait()
                 if phase == "both" or phase == f"alone-{half}":
-                    t0 = time.perf_counter()
-                    work(i)
-                    out[name]["both" if phase == "both" else "alone"].append(
-                        time.perf_counter() - t0)
+                    # runs back to back, as a fit's pushes: a core that rested boosts
+                    for j in range(burst):
+                        t0 = time.perf_counter()
+                        work(i * burst + j)
+                        out[name]["both" if phase == "both" else "alone"].append(
+                            time.perf_counter() - t0)
     queue.put((half, out))
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--repeat", type=int, default=9)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--burst", type=int, default=6,
+                    help="runs back to back in each phase (default 6)")
     ap.add_argument("--topics", type=int, nargs="+", default=[100])
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" /
                                          "concurrency.json"))
     args = ap.parse_args(argv)
-    if args.repeat < 1 or any(k < 1 for k in args.topics):
-        ap.error("--repeat and --topics must be >= 1")
+    if args.repeat < 1 or args.burst < 1 or any(k < 1 for k in args.topics):
+        ap.error("--repeat, --burst and --topics must be >= 1")
     names = ["alu"] + [f"lda-K{k}" for k in args.topics]
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(2), ctx.Queue()
-    procs = [ctx.Process(target=_child, args=(h, names, args.repeat, barrier, queue))
+    procs = [ctx.Process(target=_child, args=(h, names, args.repeat, args.burst, barrier, queue))
              for h in (0, 1)]
     for p in procs:
         p.start()
@@ -128,7 +134,7 @@ def main(argv=None):
     for p in procs:
         p.join()
     report = {"machine": machine_info(), "date": time.strftime("%Y-%m-%d %H:%M"),
-              "repeat": args.repeat, "workloads": {}}
+              "repeat": args.repeat, "burst": args.burst, "workloads": {}}
     print(f"{'workload':<10} {'alone s':>9} {'both s':>9} {'slowdown':>9} "
           f"{'2-worker ceiling':>17}")
     for name in names:
