@@ -190,6 +190,12 @@ class ActorPartitionWorker(PartitionWorker):
     def expect_round(self, round: int) -> None:
         self._next_round = round
 
+    def _order_cond(self):
+        """The condition rounds (and applies sent while rounds run) wait on, in order."""
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+        return self._cond
+
     def _arrival_cond(self):
         if self._arrival is None:
             self._arrival = asyncio.Condition()
@@ -265,10 +271,9 @@ class ActorPartitionWorker(PartitionWorker):
         """`PartitionWorker.apply`, once the step of round ``after`` (when given: a round
         still in flight when the driver sent this) ran here."""
         if after is not None:
-            if self._cond is None:
-                self._cond = asyncio.Condition()
-            async with self._cond:
-                await self._cond.wait_for(
+            cond = self._order_cond()
+            async with cond:
+                await cond.wait_for(
                     lambda: self._next_round is None or self._next_round > after)
         await asyncio.to_thread(PartitionWorker.apply, self, update)
 
@@ -276,10 +281,9 @@ class ActorPartitionWorker(PartitionWorker):
                    inbox=None) -> dict:
         """`PartitionWorker.step` once round ``round - 1`` ran here and ``inbox`` (see
         `await_inbox`) arrived."""
-        if self._cond is None:
-            self._cond = asyncio.Condition()
-        async with self._cond:
-            await self._cond.wait_for(
+        cond = self._order_cond()
+        async with cond:
+            await cond.wait_for(
                 lambda: self._next_round is None or self._next_round == round)
         try:
             await self.await_inbox(inbox)

@@ -356,13 +356,17 @@ class DaskBackend:
                                        for k, a in enumerate(self.actors)]))
             self._inbox = None
 
+    def _declared_inbox(self, round: int):
+        """Ring messages per partition the program declares for ``round`` (or None)."""
+        return self._program.ring_inbox(round) if self._program.uses_ring else None
+
     def step(self, round, updates, plans):
         if self._inbox is None and self._open_round is not None:
             # the round before is still running: its messages are the ones the program
             # declares (the runner overlaps ring rounds only when it declares them)
             if self._open_round != round - 1:
                 raise RuntimeError(f"step {round} issued after step {self._open_round}")
-            counts = self._program.ring_inbox(round - 1) if self._program.uses_ring else None
+            counts = self._declared_inbox(round - 1)
             if counts is not None:
                 self._inbox = (round - 1, list(counts))
         calls = [(a, "step", (round, update_for(updates, k), plans[k], self._inbox_for(k)))
@@ -384,7 +388,7 @@ class DaskBackend:
             if any(counts):
                 self._inbox = (round, counts)
         else:
-            declared = self._program.ring_inbox(round) if self._program.uses_ring else None
+            declared = self._declared_inbox(round)
             if declared is not None and list(declared) != counts:
                 raise RuntimeError(f"round {round}: the program declared ring messages "
                                    f"{list(declared)} per partition, the pushes sent {counts}")
