@@ -18,6 +18,20 @@ def _isolated_cache(tmp_path_factory):
         os.environ["DMP_CACHE_DIR"] = old
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _keep_killed_workers_nannies():
+    """Tests kill worker processes, sometimes the same name twice within seconds (one test
+    after another).  A LocalCluster closes a worker's nanny for good when no worker of that
+    name is registered ``distributed.deploy.lost-worker-timeout`` (15 s) after a loss; a
+    second loss at that moment made it drop a nanny that was restarting its worker, and the
+    later tests ran one worker short (seen in CI).  The check reads the setting when the
+    loss happens, so it is set for the whole session."""
+    import dask
+
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "1h"}):
+        yield
+
+
 def make_problem(n=150, p=600, density=0.05, seed=0, dense=False):
     rng = np.random.default_rng(seed)
     X = sp.random(n, p, density=density, random_state=seed, format="csc")

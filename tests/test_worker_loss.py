@@ -83,6 +83,8 @@ def _wait_for_workers(client, n=3, timeout=60):
     deadline = time.monotonic() + timeout
     while len(client.scheduler_info()["workers"]) < n and time.monotonic() < deadline:
         time.sleep(0.2)
+    names = sorted(str(w["name"]) for w in client.scheduler_info()["workers"].values())
+    assert len(names) >= n, f"only workers {names} of {n} came back within {timeout} s"
 
 
 @pytest.mark.parametrize("name", list(CASES))
