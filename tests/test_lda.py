@@ -348,6 +348,9 @@ def test_bad_parameters_and_vocabulary_mismatch():
         LatentDirichletAllocation(0, backend="local").fit(X)
     with pytest.raises(ValueError, match="sampler"):
         LatentDirichletAllocation(3, sampler="fast", backend="local").fit(X)
+    for bad in (-1, 1.5):
+        with pytest.raises(ValueError, match="staleness"):
+            LatentDirichletAllocation(3, staleness=bad, backend="local").fit(X)
     lda = LatentDirichletAllocation(3, max_iter=2, backend="local", random_state=0).fit(X)
     with pytest.raises(ValueError, match="vocabulary of 30"):
         lda.transform(sp.csr_matrix((2, 31)))
