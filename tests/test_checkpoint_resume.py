@@ -82,3 +82,52 @@ def test_resume_without_checkpoint_location_is_an_error():
     X, y = make_problem(seed=5)
     with pytest.raises(ValueError, match="needs a checkpoint location"):
         Lasso(resume=True, backend="local").fit(X, y)
+
+
+class _LosesOneWorkerOnce:
+    """An in-process backend whose gather of round ``at`` reports a worker loss once."""
+
+    def __init__(self, n_workers, at):
+        from dmp.engine.backends.local import LocalBackend
+
+        self._inner, self.at, self.lost = LocalBackend(n_workers), at, False
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def step(self, round, updates, plans):
+        return round, self._inner.step(round, updates, plans)
+
+    def gather(self, handle):
+        from dmp.engine.backends.base import WorkerLostError
+
+        round, results = handle
+        if round == self.at and not self.lost:
+            self.lost = True
+            raise WorkerLostError("simulated loss")
+        return results
+
+
+def test_a_stop_survives_a_worker_loss_while_rounds_are_in_flight(tmp_path):
+    """The callback stops the fit at round 25; round 26 is already in flight (staleness 1)
+    when a worker is lost, so the fit rolls back to the checkpoint of round 20 and replays.
+    A callback that says stop only once must still end the replay at round 25."""
+    X, y = make_problem(n=200, p=1500, density=0.03, seed=2)
+    said = []
+
+    def stop_once_at_25(round, metrics):
+        if round == 25 and not said:
+            said.append(round)
+            return True
+        return False
+
+    backend = _LosesOneWorkerOnce(2, at=26)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est = Lasso(alpha=0.02 * alpha_max(X, y), tol=1e-12, random_state=0, backend=backend,
+                    schedule="round_robin", schedule_size=100, staleness=1,
+                    checkpoint=str(tmp_path / "c.zarr"), checkpoint_every=10,
+                    callback=stop_once_at_25).fit(X, y)
+    assert backend.lost and len(est.recoveries_) == 1
+    assert est.recoveries_[0]["resumed_round"] == 20
+    assert said == [25] and est.n_iter_ == 27   # round 26 was in flight when it stopped

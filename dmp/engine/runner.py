@@ -150,6 +150,10 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
         bar.update(round_)
     converged = False
     stopped = False
+    # the round a callback stopped the fit at: a worker lost while later rounds were still in
+    # flight rolls back to a checkpoint, and the replay must stop there again even when the
+    # callback (run once more on the replayed rounds) does not say so twice
+    stop_round = None
     offset = history[-1]["time"] if history else 0.0
 
     def checkpoint_now(r):
@@ -218,6 +222,8 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
                         bar.set_postfix(program.progress_postfix()
                                         if hasattr(program, "progress_postfix") else {})
                     if callback is not None and callback(r, rec):
+                        stop_round = r if stop_round is None else min(stop_round, r)
+                    if stop_round is not None and r >= stop_round:
                         stopped = True
                     if program.converged():
                         converged = True
