@@ -260,7 +260,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
                                  f"were requested; rewrite it with n_shards >= {P}")
             program = LDAProgram(ds, n_topics=self.n_components, alpha=alpha, beta=beta,
                                  n_sweeps=self.max_iter, sampler=self.sampler,
-                                 seed=seed_from(self.random_state))
+                                 seed=seed_from(self.random_state), staleness=self.staleness)
             fingerprint = {"estimator": type(self).__name__, "n_components": self.n_components,
                            "alpha": alpha, "beta": beta, "sampler": self.sampler,
                            "shape": [int(s) for s in ds.shape], "n_partitions": P,

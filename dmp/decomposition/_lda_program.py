@@ -114,13 +114,17 @@ class LDAProgram(Program):
         Gibbs sweeps after the counting rotation.
     sampler : {"sparse", "dense"}
     seed : int
+    staleness : int
+        The runner's staleness; only the memory estimate uses it (blocks of neighbours
+        running ahead wait here).
     """
 
     name = "lda"
     primary_metric = "ll_per_token"
     uses_ring = True
 
-    def __init__(self, dataset, *, n_topics, alpha, beta, n_sweeps, sampler, seed):
+    def __init__(self, dataset, *, n_topics, alpha, beta, n_sweeps, sampler, seed,
+                 staleness=0):
         super().__init__()
         if sampler not in ("sparse", "dense"):
             raise ValueError(f"sampler must be 'sparse' or 'dense', got {sampler!r}")
@@ -131,6 +135,8 @@ class LDAProgram(Program):
         self.n_sweeps = int(n_sweeps)
         self.sampler = sampler
         self.seed = int(seed)
+        #: the runner's staleness: how many blocks may wait here (`partition_nbytes`)
+        self.staleness = int(staleness)
         self.n_words = int(dataset.shape[1])
         # word frequencies balance the word blocks (None: a store without them, random deal)
         sums = dataset.column_sums() if hasattr(dataset, "column_sums") else None
@@ -162,15 +168,19 @@ class LDAProgram(Program):
     def receive(self, s, round, src, payload):
         # the block for round + 1; it may arrive before this partition took the block of
         # round `round` (a faster neighbour), so the inbox is keyed by round
-        b, packed = payload
-        s["inbox"][round] = (b, unpack_block(packed))
+        # kept as it travelled (its nonzeros when most counts are zero) until its round
+        # takes it: with staleness the neighbours may run ahead, and a worker then holds
+        # one dense block and the others packed (see `partition_nbytes`); unpacking here
+        # would also block the worker's event loop
+        s["inbox"][round] = payload
 
     def _take_block(self, s, round):
         if round > 0:
             if round - 1 not in s["inbox"]:
                 raise RuntimeError(f"partition {s['p']}: no word block arrived for round "
                                    f"{round}")
-            s["held"] = s["inbox"].pop(round - 1)
+            b, packed = s["inbox"].pop(round - 1)
+            s["held"] = (b, unpack_block(packed))
         b, table = s["held"]
         want = (s["p"] + round) % s["P"]
         if b != want:
@@ -232,8 +242,8 @@ class LDAProgram(Program):
         """Between rounds: (round it was sent in, block id, table) of the block this
         partition works on next (-1: the one it holds, before the first round)."""
         if s["inbox"]:
-            (r, (b, table)), = s["inbox"].items()
-            return r, b, table
+            (r, (b, packed)), = s["inbox"].items()
+            return r, b, unpack_block(packed)
         if s["held"] is None:
             raise RuntimeError(f"partition {s['p']} holds no word block between rounds")
         return -1, s["held"][0], s["held"][1]
@@ -310,10 +320,22 @@ class LDAProgram(Program):
         entries = int(np.asarray(ds.shard_nnz())[spec["shards"]].sum())
         P = spec["n_parts"]
         block_rows = math.ceil(self.n_words / P)
+        dense = block_rows * self.n_topics * 4
+        # a block travels as its nonzeros (8 bytes each, at most one per token of its words)
+        # when that is under half the dense bytes (`pack_block`), else dense
+        travel = dense
+        if self.word_freq is not None:
+            block, _ = word_blocks(self.n_words, P, self.seed, self.word_freq)
+            tokens = int(np.bincount(block, weights=self.word_freq, minlength=P).max())
+            if 8 * tokens < dense // 2:
+                travel = 8 * tokens
+        # the block being sampled (dense), the one arriving, and with staleness up to
+        # `staleness` more sent by neighbours running ahead (at most P - 2 of them)
+        waiting = 1 + min(self.staleness, max(P - 2, 0)) if P > 1 else 0
         # per token: document, word row, topic (and the sort's temporaries) plus at most one
         # [topic, count] pair; each stored entry is at least one token, so this is a lower
-        # bound; two word blocks at a time (held + arriving); the word maps
-        return (entries * 24 + 2 * block_rows * self.n_topics * 4 + self.n_words * 8)
+        # bound; the word maps
+        return entries * 24 + dense + waiting * travel + self.n_words * 8
 
     def start(self, n_partitions):
         self.driver = {"P": n_partitions, "n_k": None, "ll": math.nan, "sweep": 0,
