@@ -32,11 +32,12 @@ class Sends:
 
     ``partial`` goes to the driver's pull as usual.  Each ``messages[dest]`` goes straight to
     partition ``dest`` -- actor to actor on Dask, never through the driver -- and is handed
-    to :meth:`Program.receive` there before ``dest``'s next push, apply, save or collect,
-    so the next round's push on ``dest`` sees it (a ring program's rounds overlap, with
-    staleness, only when it declares its messages: :meth:`Program.ring_inbox`; otherwise
-    they run bulk synchronously).  The bytes are counted as
-    ``bytes_ring``.
+    to :meth:`Program.receive` there before ``dest``'s push of the next round, so that push
+    sees it (a ring program's rounds overlap, with staleness, only when it declares its
+    messages: :meth:`Program.ring_inbox`; otherwise they run bulk synchronously, and a
+    message also lands before the round's apply, save or collect).  With overlapping rounds
+    a message may land while ``dest`` runs an apply or the push of an earlier round.  The
+    bytes are counted as ``bytes_ring``.
     """
 
     partial: Any
@@ -148,8 +149,9 @@ class Program:
     def receive(self, state, round: int, src: int, payload) -> None:
         """Take a message sent by partition ``src``'s push of ``round`` (see `Sends`).  It
         can arrive before or while this partition runs its own push of the same round (in
-        process, partitions push one after the other; on Dask, concurrently): store it aside,
-        keyed by ``round``, and do not touch what the push is using."""
+        process, partitions push one after the other; on Dask, concurrently), or, when rounds
+        overlap (`ring_inbox`), during an apply or an earlier round's push: store it aside,
+        keyed by ``round``, and do not touch what a push or apply is using."""
         raise NotImplementedError(f"{type(self).__name__} sends ring messages but does not "
                                   f"receive them")
 

@@ -64,9 +64,11 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
     ----------
     staleness : int
         Number of rounds kept in flight beyond the current one (0 = bulk synchronous).  The
-        pull result of round ``t`` reaches the workers with round ``t + staleness + 1``.
-        Rounds for which ``program.needs_barrier`` is true, and every ``checkpoint_every``-th
-        round, start after all earlier rounds were pulled and applied.
+        pull result of round ``t`` reaches the workers with round ``t + staleness + 1`` at
+        the latest.  Rounds for which ``program.needs_barrier`` is true, and every
+        ``checkpoint_every``-th round, start after all earlier rounds were pulled and applied
+        (so there the results arrive sooner, and the sequence of rounds depends on
+        ``checkpoint_every`` when ``staleness > 0``).
     checkpoint : str or path, optional
         Zarr checkpoint location; a checkpoint is written every ``checkpoint_every`` rounds.
     resume : bool
