@@ -24,7 +24,7 @@ def _peak_rss() -> int:
 def test_word_topic_table_larger_than_a_worker_memory_limit():
     from distributed import Client, LocalCluster
 
-    V, Kt, P = 131_072, 2_048, 5
+    V, Kt, P = 131_072, 2_048, 3
     limit = 950 * MIB
     table = V * Kt * 4                                   # int32 word-topic counts: 1 GiB
     assert table > limit
