@@ -163,6 +163,8 @@ class LDAProgram(Program):
                 # the block this partition starts with: its own, empty
                 "held": (p, np.zeros((int(sizes[p]), Kt), dtype=np.int32)),
                 "inbox": {}, "n_k": None, "own_dn": {},
+                # the round of this partition's next push, and whether one is running
+                "next_push": 0, "busy": False,
                 "phi": np.empty(Kt), "buf": np.empty(Kt), "tree": np.empty(Kt + 1)}
 
     def receive(self, s, round, src, payload):
@@ -170,8 +172,13 @@ class LDAProgram(Program):
         # round `round` (a faster neighbour), so the inbox is keyed by round
         # kept as it travelled (its nonzeros when most counts are zero) until its round
         # takes it: with staleness the neighbours may run ahead, and a worker then holds
-        # one dense block and the others packed (see `partition_nbytes`); unpacking here
-        # would also block the worker's event loop
+        # one dense block and the others packed (see `partition_nbytes`).  Only when it is
+        # the block of the next push and no push runs (so none holds a dense block) is it
+        # unpacked at once, off that push's critical path (measured: 4% per sweep at
+        # K = 1000 on 2 workers when every block was unpacked by its push)
+        b, packed = payload
+        if not s["busy"] and s["next_push"] == round + 1 and not s["inbox"]:
+            payload = (b, unpack_block(packed))
         s["inbox"][round] = payload
 
     def _take_block(self, s, round):
@@ -189,6 +196,13 @@ class LDAProgram(Program):
         return b, table
 
     def push(self, s, plan):
+        s["busy"] = True
+        try:
+            return self._push(s, plan)
+        finally:
+            s["next_push"], s["busy"] = plan["round"] + 1, False
+
+    def _push(self, s, plan):
         round = plan["round"]
         b, table = self._take_block(s, round)
         t0, t1 = int(s["block_ptr"][b]), int(s["block_ptr"][b + 1])
@@ -288,6 +302,8 @@ class LDAProgram(Program):
             s["held"], s["inbox"] = (b, table), {}
         else:
             s["inbox"] = {r: (b, table)}
+        # (-1: the next push's round is not known here; its block then waits packed)
+        s["next_push"], s["busy"] = (r + 1 if r >= 0 else -1), False
         s["n_k"] = np.array(arrays["n_k"], dtype=np.int64) if "n_k" in arrays else None
         s["own_dn"] = {}
 
