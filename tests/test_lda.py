@@ -127,6 +127,31 @@ def test_one_worker_equals_the_serial_reference(sampler, Kt):
 
 
 # ---------------------------------------------------------------- the rotation
+def test_a_block_waits_packed_unless_the_next_push_needs_it_now():
+    """A word block arriving while this partition's push of that round has not finished
+    (a neighbour running ahead) waits as it travelled; the block of the very next push,
+    arriving once the push before finished, is unpacked at once."""
+    from dmp.decomposition._lda_program import pack_block
+
+    X, _, _ = lda_corpus(n_docs=40, n_words=200, n_topics=4, doc_len=10)
+    prog = LDAProgram(InMemorySparseRowDataset(X, np.zeros(40), n_shards=2), n_topics=64,
+                      alpha=0.1, beta=0.05, n_sweeps=1, sampler="sparse", seed=0)
+    prog.start(2)
+    s = prog.init_partition(prog.partition_specs(2)[0])
+    table = np.zeros((int(s["sizes"][1]), 64), dtype=np.int32)
+    table[0, 3] = 5
+    packed = pack_block(table)
+    assert isinstance(packed, dict)                 # mostly zeros: it travels packed
+    prog.receive(s, 0, 1, (1, packed))              # its push of round 0 has not run yet
+    assert s["inbox"][0][1] is packed
+    s["inbox"].clear()
+    prog.push(s, {"round": 0, "kind": "count", "last": False})
+    prog.receive(s, 0, 1, (1, packed))              # now it is the next push's block
+    np.testing.assert_array_equal(s["inbox"][0][1], table)
+    prog.receive(s, 1, 1, (0, packed))              # a round further ahead waits packed
+    assert s["inbox"][1][1] is packed
+
+
 @pytest.mark.parametrize("P", [2, 3])
 def test_count_invariants_after_every_sub_round(P):
     """After every sub-round: doc-topic rows sum to document lengths, no negative counts,

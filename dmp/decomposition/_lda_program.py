@@ -163,8 +163,8 @@ class LDAProgram(Program):
                 # the block this partition starts with: its own, empty
                 "held": (p, np.zeros((int(sizes[p]), Kt), dtype=np.int32)),
                 "inbox": {}, "n_k": None, "own_dn": {},
-                # the round of this partition's next push, and whether one is running
-                "next_push": 0, "busy": False,
+                # one more than the round of this partition's last finished push
+                "next_push": 0,
                 "phi": np.empty(Kt), "buf": np.empty(Kt), "tree": np.empty(Kt + 1)}
 
     def receive(self, s, round, src, payload):
@@ -172,12 +172,13 @@ class LDAProgram(Program):
         # round `round` (a faster neighbour), so the inbox is keyed by round
         # kept as it travelled (its nonzeros when most counts are zero) until its round
         # takes it: with staleness the neighbours may run ahead, and a worker then holds
-        # one dense block and the others packed (see `partition_nbytes`).  Only when it is
-        # the block of the next push and no push runs (so none holds a dense block) is it
-        # unpacked at once, off that push's critical path (measured: 4% per sweep at
-        # K = 1000 on 2 workers when every block was unpacked by its push)
+        # one dense block and the others packed (see `partition_nbytes`).  The block of the
+        # next push arriving after this partition's push of `round` finished (so no push
+        # holds a dense block: the next one waits for this very block) is unpacked at once,
+        # off that push's critical path (measured: 4% per sweep at K = 1000 on 2 workers
+        # when every block was unpacked by its push)
         b, packed = payload
-        if not s["busy"] and s["next_push"] == round + 1 and not s["inbox"]:
+        if s["next_push"] == round + 1:
             payload = (b, unpack_block(packed))
         s["inbox"][round] = payload
 
@@ -196,11 +197,10 @@ class LDAProgram(Program):
         return b, table
 
     def push(self, s, plan):
-        s["busy"] = True
         try:
             return self._push(s, plan)
         finally:
-            s["next_push"], s["busy"] = plan["round"] + 1, False
+            s["next_push"] = plan["round"] + 1
 
     def _push(self, s, plan):
         round = plan["round"]
@@ -303,7 +303,7 @@ class LDAProgram(Program):
         else:
             s["inbox"] = {r: (b, table)}
         # (-1: the next push's round is not known here; its block then waits packed)
-        s["next_push"], s["busy"] = (r + 1 if r >= 0 else -1), False
+        s["next_push"] = r + 1 if r >= 0 else -1
         s["n_k"] = np.array(arrays["n_k"], dtype=np.int64) if "n_k" in arrays else None
         s["own_dn"] = {}
 
