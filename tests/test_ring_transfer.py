@@ -9,7 +9,7 @@ import pytest
 from dmp.engine import run
 from dmp.engine.backends.local import LocalBackend
 from dmp.engine.program import Broadcast, Program, Sends
-from dmp.engine.worker import RING_PIECE_BYTES, _assemble, _Lent, _Piecewise, _split_large
+from dmp.engine.worker import RING_PIECE_BYTES, _assemble, _Piecewise, _split_large
 
 
 def _big(p, r):
@@ -100,15 +100,6 @@ def test_split_and_assemble_round_trip():
             assert back == payload
     out, pieces = _split_large((1, a), (3, 4))
     assert out == (1, _Piecewise((3, 4, 1))) and pieces[0][0] == (3, 4, 1)
-
-
-def test_lent_array_pickles_as_the_array_and_is_released():
-    a = np.arange(10.0)
-    lent = _Lent(a)
-    back = pickle.loads(pickle.dumps(lent, protocol=5))
-    assert isinstance(back, np.ndarray) and np.array_equal(back, a)
-    lent.release()
-    assert lent.array is None
 
 
 def test_messages_arrive_in_process():
