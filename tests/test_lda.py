@@ -257,6 +257,35 @@ def test_word_blocks_balance_tokens():
     np.testing.assert_array_equal(word_blocks(V, P, 3, freq)[0], block)
 
 
+def test_a_spare_block_takes_the_next_one_unpacked():
+    """The memory of the block last sent on packed takes the next block: same counts as a
+    fresh block, only the spare's own nonzeros cleared; a spare too small is not used."""
+    from dmp.decomposition._lda_program import pack_block, unpack_block
+
+    rng = np.random.default_rng(1)
+
+    def sparse(shape):
+        t = np.where(rng.random(shape) < 0.03, rng.integers(1, 9, shape), 0)
+        return t.astype(np.int32)
+
+    old, new = sparse((300, 400)), sparse((280, 400))
+    spare = (old, pack_block(old)["idx"])
+    table = unpack_block(pack_block(new), spare)
+    np.testing.assert_array_equal(table, new)
+    assert np.shares_memory(table, old)
+    small = sparse((100, 400))
+    table = unpack_block(pack_block(new), (small, pack_block(small)["idx"]))
+    np.testing.assert_array_equal(table, new)
+    assert not np.shares_memory(table, small)
+
+
+def test_uniforms_written_in_place_are_the_same():
+    buf = np.full(50, -1.0)
+    u = round_uniforms(7, 3, 1, 40, out=buf)
+    np.testing.assert_array_equal(u, round_uniforms(7, 3, 1, 40))
+    assert np.shares_memory(u, buf) and np.all(buf[40:] == -1.0)
+
+
 def test_mostly_zero_blocks_travel_as_their_nonzeros():
     from dmp.decomposition._lda_program import pack_block, unpack_block
     from dmp.engine.comm import payload_nbytes

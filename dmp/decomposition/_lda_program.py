@@ -56,9 +56,13 @@ def block_sizes(block: np.ndarray, n_blocks: int) -> np.ndarray:
     return np.bincount(block, minlength=n_blocks).astype(np.int64)
 
 
-def round_uniforms(seed: int, round: int, part: int, n: int) -> np.ndarray:
-    """The uniforms partition ``part`` uses in ``round`` (one per token sampled)."""
-    return np.random.default_rng([seed, 1, round, part]).random(n)
+def round_uniforms(seed: int, round: int, part: int, n: int, out=None) -> np.ndarray:
+    """The uniforms partition ``part`` uses in ``round`` (one per token sampled), written
+    into ``out[:n]`` when given (the same values)."""
+    rng = np.random.default_rng([seed, 1, round, part])
+    if out is None:
+        return rng.random(n)
+    return rng.random(out=out[:n])
 
 
 def expand_tokens(indptr, indices, data, block, row, n_blocks):
@@ -94,10 +98,28 @@ def pack_block(table: np.ndarray):
     return {"shape": table.shape, "idx": idx, "val": val}
 
 
-def unpack_block(packed) -> np.ndarray:
+#: a block sent on packed whose memory is at most this large is kept to take the next block
+#: unpacked (`unpack_block`): a fresh block costs a page fault per page it touches, as
+#: much CPU time as sampling its tokens at K = 100.  A larger one is let go: a fresh block's
+#: untouched pages stay unmapped, and the block of a model larger than a worker is mostly
+#: zeros, so a reused one would keep the pages of every block it held resident
+SPARE_MAX_BYTES = 64 * 2**20
+
+
+def unpack_block(packed, spare=None) -> np.ndarray:
+    """The dense block of ``pack_block``'s output.  ``spare``: ``(block, positions)``, a
+    dense block no longer needed and the flat positions of its nonzeros (those it was
+    packed with), whose memory takes the new block when large enough."""
     if isinstance(packed, np.ndarray):
         return packed
-    table = np.zeros(packed["shape"], dtype=packed["val"].dtype)
+    shape, dtype = packed["shape"], packed["val"].dtype
+    n = int(np.prod(shape))
+    if spare is not None and spare[0].dtype == dtype and spare[0].size >= n:
+        flat = spare[0].reshape(-1)
+        flat[spare[1]] = 0
+        table = flat[:n].reshape(shape)
+    else:
+        table = np.zeros(shape, dtype=dtype)
     K.unpack_nonzero(packed["idx"], packed["val"], table.reshape(-1))
     return table
 
@@ -163,6 +185,11 @@ class LDAProgram(Program):
                 # the block this partition starts with: its own, empty
                 "held": (p, np.zeros((int(sizes[p]), Kt), dtype=np.int32)),
                 "inbox": {}, "n_k": None, "own_dn": {},
+                # the last block sent on packed (and where its nonzeros were): its memory
+                # takes the next one unpacked
+                "spare": None,
+                # the uniforms of a push (the most tokens of any of its word blocks)
+                "u": np.empty(int(np.diff(block_ptr).max(initial=0))),
                 # one more than the round of this partition's last finished push
                 "next_push": 0,
                 "phi": np.empty(Kt), "buf": np.empty(Kt), "tree": np.empty(Kt + 1)}
@@ -179,8 +206,14 @@ class LDAProgram(Program):
         # when every block was unpacked by its push)
         b, packed = payload
         if s["next_push"] == round + 1:
-            payload = (b, unpack_block(packed))
+            payload = (b, self._unpack(s, packed))
         s["inbox"][round] = payload
+
+    @staticmethod
+    def _unpack(s, packed):
+        """`unpack_block` into the partition's spare block, which it uses up."""
+        spare, s["spare"] = s["spare"], None
+        return unpack_block(packed, spare)
 
     def _take_block(self, s, round):
         if round > 0:
@@ -188,7 +221,7 @@ class LDAProgram(Program):
                 raise RuntimeError(f"partition {s['p']}: no word block arrived for round "
                                    f"{round}")
             b, packed = s["inbox"].pop(round - 1)
-            s["held"] = (b, unpack_block(packed))
+            s["held"] = (b, self._unpack(s, packed))
         b, table = s["held"]
         want = (s["p"] + round) % s["P"]
         if b != want:
@@ -211,14 +244,13 @@ class LDAProgram(Program):
         # block and (while it arrives) the one in transit, never an old one besides
         s["held"] = None
         # packing only pays for bytes on the wire: a lone partition keeps its block as is
-        pack = pack_block if dest != s["p"] else (lambda table: table)
         if plan["kind"] == "count":
             K.count_block(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table)
             partial = {"n_k": s["local_nk"].copy()} if round == 0 else {}
-            return Sends(partial, {dest: (b, pack(table))})
+            return Sends(partial, {dest: (b, self._pack(s, table, dest))})
         n_k = s["n_k"]
         before = n_k.copy()
-        u = round_uniforms(self.seed, round, s["p"], t1 - t0)
+        u = round_uniforms(self.seed, round, s["p"], t1 - t0, out=s["u"])
         vbeta = self.n_words * self.beta
         if self.sampler == "sparse":
             K.sample_sparse(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table, n_k, u,
@@ -236,7 +268,19 @@ class LDAProgram(Program):
             partial["ll_doc"] = K.doc_loglik(s["doc_len"], self.n_topics, self.alpha,
                                              s["dnz_ptr"], s["dnz"], s["dnz_cnt"])
             partial["ll_word"] = K.word_loglik(table, self.beta)
-        return Sends(partial, {dest: (b, pack(table))})
+        return Sends(partial, {dest: (b, self._pack(s, table, dest))})
+
+    @staticmethod
+    def _pack(s, table, dest):
+        """The block as it travels to ``dest``; a block that travels as its nonzeros stays
+        here as the spare.  Packing only pays for bytes on the wire: a lone partition keeps
+        its block as it is."""
+        if dest == s["p"]:
+            return table
+        packed = pack_block(table)
+        if packed is not table and table.nbytes <= SPARE_MAX_BYTES:
+            s["spare"] = (table, packed["idx"])
+        return packed
 
     def apply(self, s, update):
         # the totals as of round `r`, plus this partition's own changes since (with
@@ -257,7 +301,9 @@ class LDAProgram(Program):
         partition works on next (-1: the one it holds, before the first round)."""
         if s["inbox"]:
             (r, (b, packed)), = s["inbox"].items()
-            return r, b, unpack_block(packed)
+            # into the spare: with it, a second dense block would not fit where the
+            # memory estimate says one does
+            return r, b, LDAProgram._unpack(s, packed)
         if s["held"] is None:
             raise RuntimeError(f"partition {s['p']} holds no word block between rounds")
         return -1, s["held"][0], s["held"][1]
