@@ -245,3 +245,26 @@ def test_undeclared_ring_rounds_run_bulk_synchronously_in_process():
     prog = Undeclared()
     run(prog, LocalBackend(2), max_iter=4, staleness=2)
     assert prog.driver["saw"] == [[None] * 2] + [[r - 1] * 2 for r in range(1, 4)]
+
+
+class RefusesARound(SlowArrival):
+    DELAY = 0.0
+
+    def receive(self, state, round, src, payload):
+        if round == 2:
+            raise ValueError(f"partition {state['p']} refuses the message of round 2")
+        super().receive(state, round, src, payload)
+
+
+@pytest.mark.dask
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_a_message_the_receiver_cannot_take_in_fails_the_fit(dask_client, staleness):
+    """Ring messages are one-way: the receiver's failure is raised by its next call."""
+    from dmp.engine.backends.dask import DaskBackend
+
+    backend = DaskBackend(dask_client)
+    try:
+        with pytest.raises(ValueError, match="refuses the message of round 2"):
+            run(RefusesARound(), backend, max_iter=6, staleness=staleness)
+    finally:
+        backend.close()
