@@ -5,7 +5,7 @@ assignments ``z`` and doc-topic counts ``n_dk``.  The vocabulary is dealt into P
 (balanced by token count: `word_blocks`); the word-topic table
 ``n_wk`` exists only as these P blocks.  In round ``r`` partition ``p`` holds block
 ``(p + r) mod P`` exclusively, works on its own tokens of those words, and hands the block to
-partition ``p - 1`` (`Sends`: actor to actor) -- after P rounds every block has visited every
+partition ``p - 1`` (`Sends`: worker to worker) -- after P rounds every block has visited every
 partition once.
 
 * Rounds ``0 .. P-1`` (one rotation) build the table: each partition adds its tokens' counts

@@ -11,7 +11,7 @@ one factor column (CCD++).  Every round's objective
   residuals.  The round-robin schedule walks over blocks of the K coordinates: in a W round
   every worker runs exact CCD on coordinates ``k0..k1`` of its users against the block
   ``H[:, k0:k1]`` it received and sends the changes of its W block, with its part of the
-  block the next round needs, straight to the other workers (`Sends`, actor to actor: the
+  block the next round needs, straight to the other workers (`Sends`, worker to worker: the
   driver only sums the losses); ``apply`` joins the parts and brings the column copy's
   residuals up to date.  H rounds are symmetric.  Rows of W are independent given H, so this
   is exactly serial CCD in the same order.

@@ -31,7 +31,7 @@ class Sends:
     """What a push returns when it also hands data to other partitions (a ring transfer).
 
     ``partial`` goes to the driver's pull as usual.  Each ``messages[dest]`` goes straight to
-    partition ``dest`` -- actor to actor on Dask, never through the driver -- and is handed
+    partition ``dest`` -- worker to worker on Dask, never through the driver -- and is handed
     to :meth:`Program.receive` there before ``dest``'s push of the next round, so that push
     sees it (a ring program's rounds overlap, with staleness, only when it declares its
     messages: :meth:`Program.ring_inbox`; otherwise they run bulk synchronously, and a

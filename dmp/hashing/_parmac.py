@@ -13,7 +13,7 @@ The travelling units are dealt into P groups.  One MAC iteration (penalty ``mu``
 
 1. **W step** -- ``e P`` hops: in hop ``h`` partition ``p`` runs one SGD pass over its own
    points (locally shuffled minibatches) on group ``(p + h) mod P`` and hands the group to
-   partition ``p - 1`` (actor to actor).  After ``P`` hops every group has seen every point
+   partition ``p - 1`` (worker to worker).  After ``P`` hops every group has seen every point
    once (one epoch).  Then ``P - 1`` communication-only hops pass the final groups round,
    so every partition holds every submodel.
 2. **check** -- every partition reports ``E_BA`` and ``||Z - h(X)||^2`` of the new model;
