@@ -268,3 +268,27 @@ def test_a_message_the_receiver_cannot_take_in_fails_the_fit(dask_client, stalen
             run(RefusesARound(), backend, max_iter=6, staleness=staleness)
     finally:
         backend.close()
+
+
+def _open_ring_connections(dask_worker):
+    from dmp.engine.worker import RING_HANDLER
+
+    return sum(op == RING_HANDLER for op in dask_worker._comms.values())
+
+
+@pytest.mark.dask
+def test_closing_the_backend_closes_the_ring_connections(dask_client):
+    import time
+
+    from dmp.engine.backends.dask import DaskBackend
+
+    backend = DaskBackend(dask_client)
+    try:
+        _fit_and_check(backend, 2)
+        assert sum(dask_client.run(_open_ring_connections).values()) == 2
+    finally:
+        backend.close()
+    deadline = time.monotonic() + 10
+    while sum(dask_client.run(_open_ring_connections).values()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sum(dask_client.run(_open_ring_connections).values()) == 0

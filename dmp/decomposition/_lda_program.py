@@ -243,7 +243,6 @@ class LDAProgram(Program):
         # the block now belongs to the neighbour: drop it here, so a worker holds its next
         # block and (while it arrives) the one in transit, never an old one besides
         s["held"] = None
-        # packing only pays for bytes on the wire: a lone partition keeps its block as is
         if plan["kind"] == "count":
             K.count_block(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table)
             partial = {"n_k": s["local_nk"].copy()} if round == 0 else {}

@@ -484,5 +484,10 @@ class DaskBackend:
         if self._events:
             self.log_event_flush()
         self._closed = True
+        if self._program is not None and self._program.uses_ring and self.actors:
+            try:   # their ring connections, which would otherwise stay open until collected
+                self._results(self._issue([(a, "close_ring", ()) for a in self.actors]))
+            except Exception:  # noqa: BLE001 - a partition already lost has none to close
+                pass
         self._release_actors()
         self.client.direct_to_workers = self._saved_direct
