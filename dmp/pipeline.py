@@ -272,7 +272,8 @@ def _mf_summary(est, wall_s, ds, kernel_s):
            "mean": est.mean_, "n_components": est.n_components, "block_size": est.block_size_,
            "bytes": {"schedule": int(np.sum(h["bytes_schedule"])),
                      "push": int(np.sum(h["bytes_push"])),
-                     "pull": int(np.sum(h["bytes_pull"]))},
+                     "pull": int(np.sum(h["bytes_pull"])),
+                     "ring": int(np.sum(h["bytes_ring"]))},
            "kernel_time_s": kernel_s, "kernel_fraction": kernel_s / max(wall_s, 1e-12),
            "recoveries": est.recoveries_}
     return out

@@ -26,8 +26,8 @@ def test_dask_matches_local_exactly(dask_client, method):
 
 
 def test_store_on_more_partitions_than_workers_and_bounded_broadcasts(dask_client, tmp_path):
-    """Read from a store by the workers; each round moves one item column and the items'
-    partial sums (CCD++), never a whole factor matrix."""
+    """Read from a store by the workers; each round moves the items' partial sums (CCD++)
+    between the partitions, never a whole factor matrix, and nothing from the driver."""
     tr, te = low_rank_ratings(n=200, m=150, k=3, density=0.2, seed=9)
     u = np.concatenate([tr.row, te.row])
     i = np.concatenate([tr.col, te.col])
@@ -43,12 +43,32 @@ def test_store_on_more_partitions_than_workers_and_bounded_broadcasts(dask_clien
     h = remote.history_
     assert h["push_s"].shape == (1 + 3 * k, P)  # one round per feature
     n_users, n_items = tr.shape
-    # per round: the item column just solved (and the next feature's at a feature boundary)
-    # to each of the P partitions; each partition pushes its items' partial sums
-    per_round = h["bytes_pull"][1:]
-    assert per_round.max() <= P * 8 * 2 * n_items + 4096
-    assert per_round.max() < 8 * k * (n_users + n_items)  # never the whole factors
+    # per round: each partition's partial sums of all items (and its items' values of the
+    # next feature at a feature boundary) to each of the P - 1 others; its scores to the
+    # driver, which sends nothing back
+    ring = h["bytes_ring"][1:]
+    assert ring.min() >= P * (P - 1) * 8 * 2 * n_items
+    assert ring.max() <= P * (P - 1) * (8 * 3 * n_items + 1024)
+    # a message is a few item vectors, never a block of factors
+    assert ring.max() / (P * (P - 1)) < 8 * k * n_items / 2
+    assert h["bytes_pull"].max() == 0
     assert h["bytes_push"][1:].max() <= P * (8 * 7 * n_items + 4096)
+
+
+def test_ccdpp_rounds_run_in_batches_and_stop_where_in_process_stops(dask_client):
+    """CCD++ rounds run in batches on Dask (a batch's rounds share one wall time); a fit
+    stopped by ``tol`` ends after the same iteration, with the same factors, as in process."""
+    tr, te = low_rank_ratings(n=150, m=100, k=3, density=0.3, seed=12)
+    kw = dict(alpha=1.0, max_iter=60, tol=1e-3, n_workers=2, random_state=4)
+    local = MatrixFactorization(5, backend="local", **kw).fit(tr, X_val=te)
+    remote = MatrixFactorization(5, backend=dask_client, **kw).fit(tr, X_val=te)
+    assert 2 < local.n_iter_ < 60
+    assert remote.n_iter_ == local.n_iter_
+    np.testing.assert_array_equal(remote.user_factors_, local.user_factors_)
+    np.testing.assert_array_equal(remote.item_factors_, local.item_factors_)
+    np.testing.assert_array_equal(remote.history_["objective"], local.history_["objective"])
+    round_s = remote.history_["round_s"][1:]
+    assert (np.diff(round_s) == 0).sum() > len(round_s) // 2
 
 
 def test_ccd_blocks_limit_what_is_in_flight(dask_client):

@@ -292,3 +292,116 @@ def test_closing_the_backend_closes_the_ring_connections(dask_client):
     while sum(dask_client.run(_open_ring_connections).values()) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert sum(dask_client.run(_open_ring_connections).values()) == 0
+
+
+class AllToAll(Program):
+    """Every round each partition sends ``(round, index)`` to every other one; each push
+    checks that it holds exactly the messages of the round before, from all the others.  The
+    pulls return nothing, so rounds may run in batches (`Program.batch_rounds`)."""
+
+    name = "all-to-all"
+    uses_ring = True
+
+    def partition_specs(self, n_partitions):
+        return [{"p": p, "P": n_partitions} for p in range(n_partitions)]
+
+    def start(self, n_partitions):
+        self.driver = {"P": n_partitions, "verdicts": []}
+
+    def schedule(self, round):
+        return [{"round": round}] * self.driver["P"]
+
+    def ring_inbox(self, round):
+        return [self.driver["P"] - 1] * self.driver["P"]
+
+    def batch_rounds(self, round):
+        return 1000
+
+    def init_partition(self, spec):
+        return {"p": spec["p"], "P": spec["P"], "inbox": {}, "total": 0}
+
+    def receive(self, state, round, src, payload):
+        state["inbox"].setdefault(round, {})[src] = payload
+
+    def push(self, s, plan):
+        r, p, P = plan["round"], s["p"], s["P"]
+        ok = True
+        if r > 0:
+            got = s["inbox"].pop(r - 1)
+            ok = got == {q: (r - 1, q) for q in range(P) if q != p}
+        ok &= all(k >= r for k in s["inbox"])  # nothing older left behind
+        s["total"] += r
+        return Sends({"ok": ok}, {q: (r, p) for q in range(P) if q != p})
+
+    def pull(self, round, partials):
+        self.driver["verdicts"].append(all(q["ok"] for q in partials))
+        return None
+
+    def partition_arrays(self, s):
+        return {"total": np.array([s["total"]])}
+
+
+def _counting_backend(dask_client):
+    from dmp.engine.backends.dask import DaskBackend
+
+    class Counting(DaskBackend):
+        """Records (first round, rounds) of every call it issues."""
+
+        def step(self, round, updates, plans):
+            self.calls.append((round, 1))
+            return super().step(round, updates, plans)
+
+        def step_batch(self, round, updates, plans_seq):
+            self.calls.append((round, len(plans_seq)))
+            return super().step_batch(round, updates, plans_seq)
+
+    backend = Counting(dask_client)
+    backend.calls = []
+    return backend
+
+
+@pytest.mark.dask
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_batched_rounds_see_every_message_of_the_round_before(dask_client, staleness):
+    """Rounds run in batches (one call per partition for many rounds) that grow from one
+    round, never cross a round that starts drained (every ``checkpoint_every``-th), and each
+    push inside a batch waits for the other partitions' messages of the round before."""
+    rounds, every = 120, 50
+    backend = _counting_backend(dask_client)
+    try:
+        prog = AllToAll()
+        res = run(prog, backend, max_iter=rounds, staleness=staleness, checkpoint_every=every)
+    finally:
+        backend.close()
+    assert prog.driver["verdicts"] == [True] * rounds
+    assert [int(a["total"][0]) for a in res.partition_arrays] == [sum(range(rounds))] * 2
+    calls = backend.calls
+    assert [r for r, m in calls for r in range(r, r + m)] == list(range(rounds))
+    assert calls[0] == (0, 1) and max(m for _, m in calls) > 4
+    assert not [(r, m) for r, m in calls if any((r + j) % every == 0 for j in range(1, m))]
+    assert len(res.history) == rounds
+
+
+def test_rounds_run_one_by_one_in_process():
+    prog = AllToAll()
+    res = run(prog, LocalBackend(3), max_iter=20, staleness=1)
+    assert prog.driver["verdicts"] == [True] * 20
+    assert [int(a["total"][0]) for a in res.partition_arrays] == [sum(range(20))] * 3
+
+
+@pytest.mark.dask
+def test_a_pull_update_inside_a_batch_is_refused(dask_client):
+    from dmp.engine.backends.dask import DaskBackend
+
+    class Updates(AllToAll):
+        def pull(self, round, partials):
+            super().pull(round, partials)
+            return Broadcast(round)
+
+    backend = DaskBackend(dask_client)
+    try:
+        with pytest.raises(RuntimeError, match=r"Updates.pull returned an update for round "
+                                               r"\d+, which ran in a batch"):
+            run(Updates(), backend, max_iter=200)
+    finally:
+        backend.close()

@@ -255,7 +255,12 @@ class MatrixFactorization(BaseEstimator):
                            "shape": [int(n_users), int(n_items)],
                            "n_partitions": backend.n_partitions, "block_size": bs,
                            "dataset": str(getattr(ds, "path", None))}
+            # CCD++'s partitions solve each item update themselves (the driver only keeps
+            # the score): on Dask a batch of rounds runs while the one before is scored, with
+            # the same factors
+            ahead = int(self.method == "ccd++" and getattr(backend, "kind", "") == "dask")
             result = run(program, backend, max_iter=1 + self.max_iter * program.rounds_per_iter,
+                         staleness=ahead,
                          checkpoint=self.checkpoint,
                          checkpoint_every=self.checkpoint_every * program.rounds_per_iter,
                          resume=self.resume, fingerprint=fingerprint, callback=self.callback,

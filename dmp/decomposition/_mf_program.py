@@ -17,11 +17,16 @@ one factor column (CCD++).  Every round's objective
   is exactly serial CCD in the same order.
 * **CCD++** (`CCDPPProgram`, the paper-level push/pull of ALGORITHMS.md 1.5): only the row
   copy is kept.  One round per feature t (and inner pass): every worker updates ``w_t`` of its
-  users against the broadcast ``h_t`` and pushes the items' partial sums
-  ``(sum_i e^_ij w_i, sum_i w_i^2)`` and ``sum e^^2``; pull adds them and solves the item update
-  ``h_t = num / (lambda + den)`` (and the exact loss), then broadcasts ``h_t``.  The rank-one
-  bookkeeping of CCD++ (remove the finished feature's term, add the next one's) is fused into
-  the next round's pass over the ratings.
+  users against ``h_t`` and computes the items' partial sums ``(sum_i e^_ij w_i, sum_i w_i^2)``
+  and ``sum e^^2``.  It sends the partial sums to every other worker (`Sends`, all to all),
+  and each worker adds them, in partition order, and solves the item update
+  ``h_t = num / (lambda + den)`` itself at the start of its next push; the driver's pull solves
+  the same update from the same sums only to score the round (the exact loss), and sends
+  nothing back.  So a round needs no call from the driver: on Dask the rounds of an iteration
+  run in batches (`Program.batch_rounds`), one call per worker for many rounds, which matters
+  because a round carries only milliseconds of work.  The rank-one bookkeeping of CCD++
+  (remove the finished feature's term, add the next one's) is fused into the next round's pass
+  over the ratings.
 """
 
 from __future__ import annotations
@@ -376,12 +381,15 @@ class CCDProgram(_MFBase):
 
 
 class CCDPPProgram(_MFBase):
-    """CCD++ with push/pull of the items' partial sums (see module)."""
+    """CCD++ with the items' partial sums exchanged worker to worker (see module)."""
 
     method = "ccd++"
     # factors stored by feature (K x users, K x items) so that a feature is contiguous
-    _STATE = ("Wt", "Ht", "er", "evr", "pend", "h_out", "hfull")
+    _STATE = ("Wt", "Ht", "er", "evr", "pend", "h_out", "hfull", "lam_cols")
     _DRIVER = _MFBase._DRIVER + ("regH", "lam_cols")
+    # every partition sends its partial sums to every other one: each solves the item update
+    # itself, so the driver's pull only keeps the score and rounds run in batches
+    uses_ring = True
 
     def __init__(self, dataset, **kwargs):
         super().__init__(dataset, **kwargs)
@@ -398,26 +406,59 @@ class CCDPPProgram(_MFBase):
                 "feature_end": s == self.n_inner - 1, "next_t": (t + 1) % self.K,
                 "end": pos == self.rounds_per_iter - 1}
 
+    def schedule(self, round: int) -> list:
+        plan = dict(self.round_info(round), round=round)
+        return [plan] * self.driver["n_partitions"]
+
+    def ring_inbox(self, round):
+        P = self.driver["n_partitions"]
+        return [P - 1] * P
+
+    def batch_rounds(self, round: int) -> int:
+        # up to the end of the iteration: convergence is judged there (`needs_barrier`)
+        if round == 0:
+            return 1
+        return self.rounds_per_iter - (round - 1) % self.rounds_per_iter
+
+    def needs_barrier(self, round: int) -> bool:
+        # an iteration starts once the one before was scored, so that a converged fit stops
+        # exactly at its end whatever the staleness
+        return round > 1 and (round - 1) % self.rounds_per_iter == 0
+
+    # the driver and every partition solve the same item update from the same partial
+    # sums, added in partition order, so they agree to the last bit
+    @staticmethod
+    def _mean(parts, center: bool) -> tuple[int, float, float]:
+        nnz = int(sum(p["count"] for p in parts))
+        total = float(sum(p["sum"] for p in parts))
+        return nnz, total, (total / nnz if (center and nnz) else 0.0)
+
+    def _lam_cols(self, parts) -> np.ndarray:
+        counts = np.sum([p["item_counts"] for p in parts], axis=0)
+        return (self.alpha * counts if self.reg_scaling == "count"
+                else np.full(len(counts), self.alpha))
+
+    @staticmethod
+    def _solve(parts, lam_cols):
+        """(num, den, h): the summed partial sums and the item update they give."""
+        num = np.sum([p["num"] for p in parts], axis=0)
+        den = np.sum([p["den"] for p in parts], axis=0)
+        d = lam_cols + den
+        return num, den, np.divide(num, d, out=np.zeros_like(num), where=d > 0)
+
     def _gather_items(self, partials, key) -> np.ndarray:
         return np.concatenate([p[key] for p in partials])
 
     def pull(self, round: int, partials: list):
         dr = self.driver
         info = self.round_info(round)
-        update = {"kind": info["phase"]}
         if info["phase"] == "init":
-            loss, vloss = self._init_pull(partials, update)
-            counts = np.sum([p["item_counts"] for p in partials], axis=0)
-            dr["lam_cols"] = (self.alpha * counts if self.reg_scaling == "count"
-                              else np.full(len(counts), self.alpha))
+            loss, vloss = self._init_pull(partials, {})
+            dr["lam_cols"] = self._lam_cols(partials)
             dr["regH"] = float(dr["lam_cols"] @ self._gather_items(partials, "h_sqnorm"))
-            update["h"] = self._gather_items(partials, "h_t")
             self._record(info, loss, vloss, dr["regH"])
-            return Broadcast(update)
-        num = np.sum([p["num"] for p in partials], axis=0)
-        den = np.sum([p["den"] for p in partials], axis=0)
-        d = dr["lam_cols"] + den
-        h = np.divide(num, d, out=np.zeros_like(num), where=d > 0)
+            return None
+        num, den, h = self._solve(partials, dr["lam_cols"])
         h_old = self._gather_items(partials, "h_t")
         dr["regH"] += float(dr["lam_cols"] @ (h * h - h_old * h_old))
         hh = h * h
@@ -430,18 +471,16 @@ class CCDPPProgram(_MFBase):
                      + float(hh @ vd))
         else:
             vloss = 0.0
-        update.update(t=info["t"], h=h, feature_end=info["feature_end"])
-        dr["last_h"] = (info["t"], h)  # the item column just solved (applied next round)
-        if info["feature_end"]:
-            update["h_next"] = (h if info["next_t"] == info["t"]
-                                else self._gather_items(partials, "h_next"))
+        dr["last_h"] = (info["t"], h)  # the item column just solved (absorbed next round)
         self._record(info, loss, vloss, float(sum(p["regW"] for p in partials)) + dr["regH"])
-        return Broadcast(update)
+        return None
 
     def partition_nbytes(self, spec):
         base = super().partition_nbytes(spec)
-        # item-length work vectors: the current feature, partial sums (train, validation)
-        return None if base is None else base + self.dataset.shape[1] * 8 * 6
+        # item-length vectors: the current feature, partial sums (train, validation), and
+        # every partition's partial sums of the round in flight
+        P = spec["n_parts"]
+        return None if base is None else base + self.dataset.shape[1] * 8 * (7 + 4 * P)
 
     def init_partition(self, spec):
         st = self._init_common(spec)
@@ -451,16 +490,59 @@ class CCDPPProgram(_MFBase):
         st["pend"] = np.array([-2], dtype=np.int64)  # feature whose term is still to remove
         st["h_out"] = np.zeros(0)                   # that feature's final item values
         st["hfull"] = np.zeros(n_items)             # the current feature's item values
+        st["lam_cols"] = np.zeros(n_items)
+        st["inbox"] = {}                            # round -> {partition: its partial sums}
         return st
 
+    def receive(self, st, round, src, payload) -> None:
+        st["inbox"].setdefault(round, {})[src] = payload
+
+    def _absorb(self, st, before=None) -> None:
+        """Apply every round (earlier than ``before``) whose partial sums all arrived: the
+        item update of its feature, as the driver's pull solves it."""
+        P = st["P"]
+        for r in sorted(st["inbox"]):
+            if (before is not None and r >= before) or len(st["inbox"][r]) < P:
+                break
+            got = st["inbox"].pop(r)
+            parts = [got[q] for q in range(P)]
+            info = self.round_info(r)
+            if info["phase"] == "init":
+                mu = self._mean(parts, self.center)[2]
+                if mu != 0.0:
+                    st["er"] -= mu
+                    st["evr"] -= mu
+                st["lam_cols"] = self._lam_cols(parts)
+                # open feature 0 (its term is added back by the first round's pass)
+                st["pend"][0] = -1
+                h = self._gather_items(parts, "h_t")
+                st["h_out"] = np.zeros_like(h)
+                st["hfull"] = h
+                continue
+            t = info["t"]
+            h = self._solve(parts, st["lam_cols"])[2]
+            c0 = st["c0"]
+            st["Ht"][t] = h[c0:c0 + st["Ht"].shape[1]]
+            if info["feature_end"]:
+                # feature t is done: its term leaves the residuals, the next one's enters
+                # (both in the next round's pass)
+                st["pend"][0] = t
+                st["h_out"] = h
+                st["hfull"] = (h if info["next_t"] == t
+                               else self._gather_items(parts, "h_next"))
+            else:
+                st["hfull"] = h
+
     def push(self, st, plan):
-        t = plan["t"]
+        t, rnd = plan["t"], plan["round"]
+        self._absorb(st, before=rnd)
         out = {"h_t": st["Ht"][t].copy()}  # own items' current values of feature t
         if plan["phase"] == "init":
             self._init_stats(st, out)
             out["item_counts"] = np.bincount(st["rows"][1], minlength=self.dataset.shape[1])
             out["h_sqnorm"] = np.einsum("ij,ij->j", st["Ht"], st["Ht"])
-            return out
+            msg = {k: out[k] for k in ("count", "sum", "item_counts", "h_t")}
+            return self._share(st, rnd, out, msg)
         n_items = self.dataset.shape[1]
         indptr, indices, _ = st["rows"]
         f = np.empty(indptr.shape[0] - 1)
@@ -486,33 +568,20 @@ class CCDPPProgram(_MFBase):
         st["Wt"][t] = f
         st["regW"] += float(st["lam_rows"] @ (f * f - old * old))
         out.update(num=num, den=den, sq=sq, regW=st["regW"])
+        msg = {"num": num, "den": den}
         if plan["feature_end"] and plan["next_t"] != t:
-            out["h_next"] = st["Ht"][plan["next_t"]].copy()
-        return out
+            msg["h_next"] = st["Ht"][plan["next_t"]].copy()
+        return self._share(st, rnd, out, msg)
+
+    @staticmethod
+    def _share(st, rnd, out, msg):
+        st["inbox"].setdefault(rnd, {})[st["k"]] = msg
+        return Sends(out, {q: msg for q in range(st["P"]) if q != st["k"]})
 
     def _WH(self, st):
+        self._absorb(st)
         return st["Wt"].T, st["Ht"].T
 
-    def apply(self, st, update) -> None:
-        c0 = st["c0"]
-        own = slice(c0, c0 + st["Ht"].shape[1])
-        if update["kind"] == "init":
-            mu = update["mean"]
-            if mu != 0.0:
-                st["er"] -= mu
-                st["evr"] -= mu
-            # open feature 0 (its term is added back by the first round's pass)
-            st["pend"][0] = -1
-            st["h_out"] = np.zeros_like(update["h"])
-            st["hfull"] = update["h"]
-            return
-        t, h = update["t"], update["h"]
-        st["Ht"][t] = h[own]
-        if update["feature_end"]:
-            # feature t is done: its term leaves the residuals, the next one's enters (both
-            # in the next round's pass)
-            st["pend"][0] = t
-            st["h_out"] = h
-            st["hfull"] = update["h_next"]
-        else:
-            st["hfull"] = h
+    def partition_arrays(self, st) -> dict:
+        self._absorb(st)
+        return super().partition_arrays(st)

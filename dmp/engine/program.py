@@ -163,6 +163,17 @@ class Program:
         program that returns None runs bulk synchronously."""
         return None
 
+    def batch_rounds(self, round: int) -> int:
+        """How many consecutive rounds from ``round`` on may run in one call to each
+        partition (default 1).  Only for ring programs whose partitions take everything a
+        push needs from the other partitions' messages (`ring_inbox` declared): the pulls of
+        a batch's rounds happen after the whole batch ran and must return None.  Batching
+        spares a round its calls between the driver and the workers, which dominate rounds
+        of a few milliseconds; the runner picks the batch length (at most this many, never
+        across a round that starts drained) so that a batch takes about
+        `dmp.engine.runner.BATCH_TARGET_S`, and the results do not depend on it."""
+        return 1
+
     def partition_arrays(self, state) -> dict:
         """The partition's model variables (checkpointed and gathered at the end)."""
         return {}

@@ -22,6 +22,13 @@ from .program import Broadcast
 
 logger = logging.getLogger("dmp")
 
+#: wall time a batch of rounds (`Program.batch_rounds`) aims at: long enough that the calls
+#: between the driver and the workers cost little, short enough for a live progress bar
+#: and monitor (a callback or convergence stops the fit at the end of a batch)
+BATCH_TARGET_S = 0.25
+#: most rounds in one batch
+BATCH_MAX = 1024
+
 
 @dataclass
 class RunResult:
@@ -158,6 +165,20 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
     stop_round = None
     offset = history[-1]["time"] if history else 0.0
 
+    batch_cap = 1
+    batchable = hasattr(backend, "step_batch")
+
+    def batch_len(r: int) -> int:
+        """Rounds to issue at once from ``r`` (`Program.batch_rounds`): at most
+        ``batch_cap``, never across a round that starts drained or whose predecessor's
+        ring messages are not declared."""
+        m = min(int(program.batch_rounds(r)), max_iter - r, batch_cap) if batchable else 1
+        for j in range(1, m):
+            if (program.needs_barrier(r + j) or (r + j) % checkpoint_every == 0
+                    or program.ring_inbox(r + j - 1) is None):
+                return j
+        return max(m, 1)
+
     def checkpoint_now(r):
         store.begin(r, fingerprint)
         backend.save_all([store.partition_path(r, k) for k in range(n_parts)])
@@ -188,51 +209,67 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
                             or (program.uses_ring and program.ring_inbox(round_ - 1) is None)):
                         can_issue = False  # drain the rounds in flight first
                     if can_issue:
-                        plans = program.schedule(round_)
+                        m = batch_len(round_)
+                        plans_seq = [program.schedule(r) for r in range(round_, round_ + m)]
                         t_issue = time.perf_counter()
-                        handle = backend.step(round_, update, plans)
-                        pending.append((round_, handle, t_issue, payload_nbytes(plans),
+                        handle = (backend.step(round_, update, plans_seq[0]) if m == 1
+                                  else backend.step_batch(round_, update, plans_seq))
+                        pending.append((round_, m, handle, t_issue,
+                                        [payload_nbytes(p) for p in plans_seq],
                                         _pull_bytes(update, n_parts)))
                         update = None
-                        round_ += 1
+                        round_ += m
                         if len(pending) <= staleness:
                             continue
                     elif not pending:
                         break
-                    r, handle, t_issue, b_sched, b_bcast = pending.popleft()
-                    results = backend.gather(handle)
-                    partials = [res["partial"] for res in results]
-                    new_update = program.pull(r, partials)
-                    round_s = time.perf_counter() - t_issue
-                    push_s = [res["push_s"] for res in results]
-                    rec = {"round": r, "time": time.perf_counter() - t_loop0,
-                           "round_s": round_s, "push_s": push_s,
-                           "idle_s": [max(round_s - p, 0.0) for p in push_s],
-                           "bytes_schedule": b_sched, "bytes_push": payload_nbytes(partials),
-                           "bytes_pull": b_bcast,
-                           "bytes_ring": sum(res.get("bytes_ring", 0) for res in results),
-                           # seconds each partition spent handing its ring messages over
-                           "ring_s": [res.get("ring_s", 0.0) for res in results],
-                           # losses recovered from before this round ran (details in
-                           # RunResult.recoveries / the estimators' recoveries_)
-                           "worker_losses": len(recoveries)}
-                    rec.update(program.metrics())
-                    history.append(rec)
-                    events.round(rec)
-                    if bar is not None:
-                        bar.update(1)
-                        bar.set_postfix(program.progress_postfix()
-                                        if hasattr(program, "progress_postfix") else {})
-                    if callback is not None and callback(r, rec):
-                        stop_round = r if stop_round is None else min(stop_round, r)
-                    if stop_round is not None and r >= stop_round:
-                        stopped = True
-                    if program.converged():
-                        converged = True
-                    if update is not None:
-                        # two pulls before the next push: deliver the older one now
-                        backend.apply_all(update)
-                    update = new_update
+                    r0, m, handle, t_issue, b_scheds, b_bcast = pending.popleft()
+                    results_seq = ([backend.gather(handle)] if m == 1
+                                   else backend.gather_batch(handle))
+                    batch_s = time.perf_counter() - t_issue
+                    # rounds per batch: about BATCH_TARGET_S of work, growing at most 4x at once
+                    batch_cap = int(max(1, min(BATCH_MAX, 4 * m,
+                                               BATCH_TARGET_S * m / max(batch_s, 1e-9))))
+                    for j, results in enumerate(results_seq):
+                        r = r0 + j
+                        partials = [res["partial"] for res in results]
+                        new_update = program.pull(r, partials)
+                        if m > 1 and new_update is not None:
+                            raise RuntimeError(f"{type(program).__name__}.pull returned an "
+                                               f"update for round {r}, which ran in a batch "
+                                               f"(Program.batch_rounds)")
+                        # a batch's rounds share its wall time
+                        round_s = time.perf_counter() - t_issue if m == 1 else batch_s / m
+                        push_s = [res["push_s"] for res in results]
+                        rec = {"round": r, "time": time.perf_counter() - t_loop0,
+                               "round_s": round_s, "push_s": push_s,
+                               "idle_s": [max(round_s - p, 0.0) for p in push_s],
+                               "bytes_schedule": b_scheds[j],
+                               "bytes_push": payload_nbytes(partials),
+                               "bytes_pull": b_bcast if j == 0 else 0,
+                               "bytes_ring": sum(res.get("bytes_ring", 0) for res in results),
+                               # seconds each partition spent handing its ring messages over
+                               "ring_s": [res.get("ring_s", 0.0) for res in results],
+                               # losses recovered from before this round ran (details in
+                               # RunResult.recoveries / the estimators' recoveries_)
+                               "worker_losses": len(recoveries)}
+                        rec.update(program.metrics())
+                        history.append(rec)
+                        events.round(rec)
+                        if bar is not None:
+                            bar.update(1)
+                            bar.set_postfix(program.progress_postfix()
+                                            if hasattr(program, "progress_postfix") else {})
+                        if callback is not None and callback(r, rec):
+                            stop_round = r if stop_round is None else min(stop_round, r)
+                        if stop_round is not None and r >= stop_round:
+                            stopped = True
+                        if program.converged():
+                            converged = True
+                        if update is not None:
+                            # two pulls before the next push: deliver the older one now
+                            backend.apply_all(update)
+                        update = new_update
                     if (store is not None and not pending and not (converged or stopped)
                             and round_ % checkpoint_every == 0 and round_ < max_iter):
                         backend.apply_all(update)

@@ -343,6 +343,37 @@ class ActorPartitionWorker(PartitionWorker):
                     lambda: self._next_round is None or self._next_round > after)
         await asyncio.to_thread(PartitionWorker.apply, self, update)
 
+    def _run_batch(self, round: int, update, plans, inboxes) -> list[dict]:
+        """(In the push thread) `PartitionWorker.step` for rounds ``round``,
+        ``round + 1``, ...; each round after the first waits for the ``inboxes[j - 1]`` ring
+        messages of the round before."""
+        out = []
+        for j, plan in enumerate(plans):
+            if j:
+                asyncio.run_coroutine_threadsafe(
+                    self.await_inbox((round + j - 1, inboxes[j - 1])),
+                    self._worker.loop.asyncio_loop).result()
+            out.append(PartitionWorker.step(self, round + j, update if j == 0 else None, plan))
+        return out
+
+    async def step_batch(self, round: int, update, plans, inbox=None,
+                         inboxes=()) -> list[dict]:
+        """Rounds ``round .. round + len(plans) - 1`` in one call (`Program.batch_rounds`):
+        `step` for the first, then each next round as soon as the ring messages of the one
+        before (``inboxes``: their number per round) arrived here."""
+        cond = self._order_cond()
+        async with cond:
+            await cond.wait_for(
+                lambda: self._next_round is None or self._next_round == round)
+        try:
+            await self.await_inbox(inbox)
+            return await asyncio.to_thread(self._run_batch, round, update, plans,
+                                           list(inboxes))
+        finally:
+            async with self._cond:
+                self._next_round = round + len(plans)
+                self._cond.notify_all()
+
     async def step(self, round: int, update, plan,  # type: ignore[override]
                    inbox=None) -> dict:
         """`PartitionWorker.step` once round ``round - 1`` ran here and ``inbox`` (see

@@ -360,27 +360,73 @@ class DaskBackend:
         """Ring messages per partition the program declares for ``round`` (or None)."""
         return self._program.ring_inbox(round) if self._program.uses_ring else None
 
-    def step(self, round, updates, plans):
+    def _open_inbox(self, round: int) -> None:
+        """Before issuing ``round``: when the round before is still running, its messages
+        are the ones the program declares (the runner overlaps ring rounds only when it
+        declares them)."""
         if self._inbox is None and self._open_round is not None:
-            # the round before is still running: its messages are the ones the program
-            # declares (the runner overlaps ring rounds only when it declares them)
             if self._open_round != round - 1:
                 raise RuntimeError(f"step {round} issued after step {self._open_round}")
             counts = self._declared_inbox(round - 1)
             if counts is not None:
                 self._inbox = (round - 1, list(counts))
+
+    def step(self, round, updates, plans):
+        self._open_inbox(round)
         calls = [(a, "step", (round, update_for(updates, k), plans[k], self._inbox_for(k)))
                  for k, a in enumerate(self.actors)]
         self._inbox = None
         self._open_round = self._last_step = round
         return self._issue(calls)
 
-    def gather(self, handle):
-        results = self._results(handle)
+    def step_batch(self, round, updates, plans_seq):
+        """Rounds ``round .. round + len(plans_seq) - 1`` in one call per partition (see
+        `Program.batch_rounds`); gather with `gather_batch`."""
+        last = round + len(plans_seq) - 1
+        within = [self._declared_inbox(r) for r in range(round, last)]
+        if any(c is None for c in within):
+            raise RuntimeError(f"rounds {round}..{last} run as one batch but the program does "
+                               f"not declare their ring messages (Program.ring_inbox)")
+        self._open_inbox(round)
+        calls = [(a, "step_batch", (round, update_for(updates, k), [p[k] for p in plans_seq],
+                                    self._inbox_for(k), [c[k] for c in within]))
+                 for k, a in enumerate(self.actors)]
+        self._inbox = None
+        self._open_round = self._last_step = last
+        return self._issue(calls)
+
+    def gather_batch(self, handle) -> list[list]:
+        """The results of a `step_batch`: one list (per partition) per round."""
+        per_partition = self._results(handle)
+        rounds = [list(rs) for rs in zip(*per_partition)]
+        for results in rounds[:-1]:
+            self._check_declared(results)
+        self._close_round(rounds[-1])
+        return rounds
+
+    def _sent_counts(self, results) -> list[int]:
         counts = [0] * len(self.actors)
         for res in results:
             for dest in res.get("sent_to", ()):
                 counts[dest] += 1
+        return counts
+
+    def _check_declared(self, results) -> None:
+        round = results[0]["round"]
+        declared = self._declared_inbox(round)
+        counts = self._sent_counts(results)
+        if declared is not None and list(declared) != counts:
+            raise RuntimeError(f"round {round}: the program declared ring messages "
+                               f"{list(declared)} per partition, the pushes sent {counts}")
+
+    def gather(self, handle):
+        results = self._results(handle)
+        self._close_round(results)
+        return results
+
+    def _close_round(self, results) -> None:
+        """Bookkeeping of the ring messages of a gathered round (the last of a batch)."""
+        counts = self._sent_counts(results)
         round = results[0]["round"]
         if round == self._open_round:
             # no later step waits for these messages yet: the next call does
@@ -388,11 +434,7 @@ class DaskBackend:
             if any(counts):
                 self._inbox = (round, counts)
         else:
-            declared = self._declared_inbox(round)
-            if declared is not None and list(declared) != counts:
-                raise RuntimeError(f"round {round}: the program declared ring messages "
-                                   f"{list(declared)} per partition, the pushes sent {counts}")
-        return results
+            self._check_declared(results)
 
     def apply_all(self, updates) -> None:
         self._settle_inbox()
