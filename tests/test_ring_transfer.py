@@ -380,6 +380,9 @@ def test_batched_rounds_see_every_message_of_the_round_before(dask_client, stale
     assert calls[0] == (0, 1) and max(m for _, m in calls) > 4
     assert not [(r, m) for r, m in calls if any((r + j) % every == 0 for j in range(1, m))]
     assert len(res.history) == rounds
+    assert [(rec["round"], rec["batch"]) for rec in res.history] == [
+        (r, r0) for r0, m in calls for r in range(r0, r0 + m)]
+    assert all(rec["round_s"] >= max(rec["push_s"]) for rec in res.history)
 
 
 def test_rounds_run_one_by_one_in_process():

@@ -238,12 +238,15 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
                             raise RuntimeError(f"{type(program).__name__}.pull returned an "
                                                f"update for round {r}, which ran in a batch "
                                                f"(Program.batch_rounds)")
-                        # a batch's rounds share its wall time
-                        round_s = time.perf_counter() - t_issue if m == 1 else batch_s / m
                         push_s = [res["push_s"] for res in results]
+                        if m == 1:
+                            round_s = time.perf_counter() - t_issue
+                            idle_s = [max(round_s - p, 0.0) for p in push_s]
+                        else:  # timed on the workers: from the round before's end to its own
+                            idle_s = [max(res["step_s"] - res["push_s"], 0.0) for res in results]
+                            round_s = max(res["step_s"] for res in results)
                         rec = {"round": r, "time": time.perf_counter() - t_loop0,
-                               "round_s": round_s, "push_s": push_s,
-                               "idle_s": [max(round_s - p, 0.0) for p in push_s],
+                               "round_s": round_s, "push_s": push_s, "idle_s": idle_s,
                                "bytes_schedule": b_scheds[j],
                                "bytes_push": payload_nbytes(partials),
                                "bytes_pull": b_bcast if j == 0 else 0,
@@ -252,7 +255,9 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
                                "ring_s": [res.get("ring_s", 0.0) for res in results],
                                # losses recovered from before this round ran (details in
                                # RunResult.recoveries / the estimators' recoveries_)
-                               "worker_losses": len(recoveries)}
+                               "worker_losses": len(recoveries),
+                               # the first round of the call it ran in (`batch_rounds`)
+                               "batch": r0}
                         rec.update(program.metrics())
                         history.append(rec)
                         events.round(rec)

@@ -349,11 +349,14 @@ class ActorPartitionWorker(PartitionWorker):
         messages of the round before."""
         out = []
         for j, plan in enumerate(plans):
+            t0 = time.perf_counter()
             if j:
                 asyncio.run_coroutine_threadsafe(
                     self.await_inbox((round + j - 1, inboxes[j - 1])),
                     self._worker.loop.asyncio_loop).result()
             out.append(PartitionWorker.step(self, round + j, update if j == 0 else None, plan))
+            # the round's time here: waiting for the messages, the push, handing its own over
+            out[-1]["step_s"] = time.perf_counter() - t0
         return out
 
     async def step_batch(self, round: int, update, plans, inbox=None,
