@@ -58,6 +58,9 @@ def test_existing_checkpoint_needs_resume(tmp_path):
         # a different fit must not silently continue someone else's checkpoint
         with pytest.raises(ValueError, match="different fit"):
             Lasso(max_iter=10, resume=True, **{**kw, "alpha": kw["alpha"] * 2}).fit(X, y)
+        # nor follow another chain of rounds with other staleness
+        with pytest.raises(ValueError, match=r"different fit \(differs in: staleness\)"):
+            Lasso(max_iter=10, resume=True, staleness=1, **kw).fit(X, y)
 
 
 def test_incomplete_checkpoint_is_never_latest(tmp_path):

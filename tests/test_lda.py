@@ -376,6 +376,8 @@ def test_resume_from_checkpoint_gives_the_uninterrupted_result(tmp_path):
     stop = LatentDirichletAllocation(4, checkpoint=ck, callback=lambda r, m: r == 11,
                                      **kw).fit(X)
     assert stop.n_iter_ < 8
+    with pytest.raises(ValueError, match=r"different fit \(differs in: staleness\)"):
+        LatentDirichletAllocation(4, checkpoint=ck, resume=True, staleness=0, **kw).fit(X)
     resumed = LatentDirichletAllocation(4, checkpoint=ck, resume=True, **kw).fit(X)
     np.testing.assert_array_equal(resumed.topic_word_counts_, full.topic_word_counts_)
     assert resumed.log_likelihood_ == full.log_likelihood_

@@ -264,6 +264,8 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
             fingerprint = {"estimator": type(self).__name__, "n_components": self.n_components,
                            "alpha": alpha, "beta": beta, "sampler": self.sampler,
                            "shape": [int(s) for s in ds.shape], "n_partitions": P,
+                           # the totals' staleness changes which counts each sub-round sees
+                           "staleness": int(self.staleness),
                            "dataset": str(getattr(ds, "path", None))}
             result = run(program, backend, max_iter=P * (self.max_iter + 1),
                          staleness=self.staleness,

@@ -287,6 +287,8 @@ class Lasso(RegressorMixin, BaseEstimator):
             fingerprint = {"estimator": "Lasso", "alpha": float(self.alpha),
                            "fit_intercept": bool(self.fit_intercept), "shape": [n, p],
                            "n_partitions": P, "schedule": self.schedule,
+                           # stale rounds see other updates: another chain of iterates
+                           "staleness": int(self.staleness),
                            "dataset": str(getattr(ds, "path", None))}
             result = run(program, backend, max_iter=self.max_iter, staleness=self.staleness,
                          checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every,
