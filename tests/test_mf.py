@@ -242,6 +242,18 @@ def test_checkpoint_resume_gives_the_uninterrupted_result(tmp_path):
     with pytest.raises(Stop):
         MatrixFactorization(3, checkpoint=ck, checkpoint_every=2, callback=crash,
                             **kw).fit(tr)
+    # a partition's checkpoint without one of its arrays (another dmp version): a clear error
+    import shutil
+
+    from dmp.engine.checkpoint import CheckpointStore
+
+    ck_old = str(tmp_path / "old.zarr")
+    shutil.copytree(ck, ck_old)
+    store = CheckpointStore(ck_old)
+    shutil.rmtree(f"{store.partition_path(store.latest(), 1)}/lam_cols")
+    with pytest.raises(ValueError, match=r"partition 1 lacks \['lam_cols'\]"):
+        MatrixFactorization(3, checkpoint=ck_old, checkpoint_every=2, resume=True,
+                            **kw).fit(tr)
     resumed = MatrixFactorization(3, checkpoint=ck, checkpoint_every=2, resume=True,
                                   **kw).fit(tr)
     np.testing.assert_array_equal(resumed.user_factors_, full.user_factors_)

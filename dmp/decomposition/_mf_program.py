@@ -215,6 +215,10 @@ class _MFBase(Program):
         return out
 
     def restore_partition(self, st, arrays: dict) -> None:
+        missing = [k for k in (*self._STATE, "reg") if k not in arrays]
+        if missing:
+            raise ValueError(f"the checkpoint of partition {st['k']} lacks {missing} (written "
+                             f"by another version of dmp?); resume=False starts over")
         for k in self._STATE:
             st[k] = np.asarray(arrays[k])
         st.get("inbox", {}).clear()  # parts of rounds after the checkpoint are stale

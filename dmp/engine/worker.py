@@ -343,13 +343,13 @@ class ActorPartitionWorker(PartitionWorker):
                     lambda: self._next_round is None or self._next_round > after)
         await asyncio.to_thread(PartitionWorker.apply, self, update)
 
-    def _run_batch(self, round: int, update, plans, inboxes) -> list[dict]:
+    def _run_batch(self, round: int, update, plans, inboxes, t_first: float) -> list[dict]:
         """(In the push thread) `PartitionWorker.step` for rounds ``round``,
         ``round + 1``, ...; each round after the first waits for the ``inboxes[j - 1]`` ring
-        messages of the round before."""
+        messages of the round before (the first one's wait began at ``t_first``)."""
         out = []
         for j, plan in enumerate(plans):
-            t0 = time.perf_counter()
+            t0 = time.perf_counter() if j else t_first
             if j:
                 asyncio.run_coroutine_threadsafe(
                     self.await_inbox((round + j - 1, inboxes[j - 1])),
@@ -369,9 +369,10 @@ class ActorPartitionWorker(PartitionWorker):
             await cond.wait_for(
                 lambda: self._next_round is None or self._next_round == round)
         try:
+            t_first = time.perf_counter()
             await self.await_inbox(inbox)
             return await asyncio.to_thread(self._run_batch, round, update, plans,
-                                           list(inboxes))
+                                           list(inboxes), t_first)
         finally:
             async with self._cond:
                 self._next_round = round + len(plans)
