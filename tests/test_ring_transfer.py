@@ -408,3 +408,62 @@ def test_a_pull_update_inside_a_batch_is_refused(dask_client):
             run(Updates(), backend, max_iter=200)
     finally:
         backend.close()
+
+
+def _refuse_to_load():
+    raise ImportError("no module named 'driver_only'")
+
+
+class _DriverOnly:
+    """Pickles on the driver; cannot be rebuilt on a worker (as an object of a module only
+    the driver has)."""
+
+    def __reduce__(self):
+        return _refuse_to_load, ()
+
+
+@pytest.mark.dask
+@pytest.mark.parametrize("where", ["plan", "update"])
+@pytest.mark.timeout(60)
+def test_an_argument_a_worker_cannot_unpickle_fails_the_fit(dask_client, where):
+    """Instead of hanging (distributed's actor call never resolves then), the call fails
+    with an error naming the cause."""
+    from dmp.engine.backends.dask import DaskBackend
+
+    class CarriesDriverOnly(AllToAll):
+        def schedule(self, round):
+            plans = super().schedule(round)
+            return [dict(p, x=_DriverOnly()) for p in plans] if where == "plan" and round == 3 \
+                else plans
+
+        def pull(self, round, partials):
+            super().pull(round, partials)
+            return Broadcast(_DriverOnly()) if where == "update" and round == 2 else None
+
+        def batch_rounds(self, round):
+            return 1
+
+    backend = DaskBackend(dask_client)
+    try:
+        with pytest.raises(RuntimeError, match=r"could not be unpickled on this worker "
+                                               r"\(ImportError: no module named 'driver_only'"):
+            run(CarriesDriverOnly(), backend, max_iter=6)
+    finally:
+        backend.close()
+
+
+def test_guarded_arguments_round_trip_with_writable_arrays():
+    from distributed.protocol import deserialize, serialize
+
+    from dmp.engine.worker import guard, unguard
+
+    value = {"u": np.arange(100_000.0), "plan": [1, "a"]}
+    assert unguard(guard(value)) is value            # in process: never pickled
+    assert guard(None) is None and unguard(None) is None
+    header, frames = serialize(guard(value), serializers=("pickle",))
+    got = unguard(deserialize(header, [bytes(f) for f in frames]))   # read-only frames
+    np.testing.assert_array_equal(got["u"], value["u"])
+    assert got["plan"] == [1, "a"] and got["u"].flags.writeable
+    bad = deserialize(*serialize(guard(_DriverOnly()), serializers=("pickle",)))
+    with pytest.raises(RuntimeError, match="could not be unpickled"):
+        unguard(bad)

@@ -35,6 +35,57 @@ class _Piecewise:
     key: tuple
 
 
+class _Guarded:
+    """An actor call's argument pickled on its own: on the worker it becomes the value, or
+    `_LoadFailed` when it cannot be unpickled there, which the called method raises as its
+    error (`unguard`).  Unguarded, such an argument fails inside distributed's handling of
+    the call, whose future then never resolves: the fit hangs."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __reduce__(self):
+        import cloudpickle
+
+        buffers: list = []   # numpy data travels out of band, as with distributed's own pickling
+        blob = cloudpickle.dumps(self.value, protocol=5, buffer_callback=buffers.append)
+        return _load_guarded, (blob, buffers)
+
+
+@dataclass(frozen=True)
+class _LoadFailed:
+    error: str
+
+
+def _load_guarded(blob, buffers):
+    import pickle
+
+    try:
+        # a read-only frame would give read-only arrays, which a program may write to
+        buffers = [bytearray(b) if memoryview(b).readonly else b for b in buffers]
+        return pickle.loads(blob, buffers=buffers)
+    except Exception as exc:  # noqa: BLE001 - raised by the call (`unguard`)
+        return _LoadFailed(f"{type(exc).__name__}: {exc}")
+
+
+def guard(value):
+    """Wrap an actor call's argument (None passes as it is); see `_Guarded`."""
+    return None if value is None else _Guarded(value)
+
+
+def unguard(value):
+    """The argument `guard` wrapped, or the error of unpickling it on this worker."""
+    if isinstance(value, _Guarded):   # an in-process worker: the call was never pickled
+        return value.value
+    if isinstance(value, _LoadFailed):
+        raise RuntimeError(f"a call's argument could not be unpickled on this worker "
+                           f"({value.error}); plans and updates must be objects the "
+                           f"workers can import")
+    return value
+
+
 def _map_top(payload, fn):
     """``fn(slot, value)`` applied to each top-level value of a tuple, list or dict (slot
     ``(i,)`` or ``(key,)``), or to the payload itself (slot ``()``); same container back."""
@@ -341,7 +392,7 @@ class ActorPartitionWorker(PartitionWorker):
             async with cond:
                 await cond.wait_for(
                     lambda: self._next_round is None or self._next_round > after)
-        await asyncio.to_thread(PartitionWorker.apply, self, update)
+        await asyncio.to_thread(PartitionWorker.apply, self, unguard(update))
 
     def _run_batch(self, round: int, update, plans, inboxes, t_first: float) -> list[dict]:
         """(In the push thread) `PartitionWorker.step` for rounds ``round``,
@@ -370,6 +421,7 @@ class ActorPartitionWorker(PartitionWorker):
                 lambda: self._next_round is None or self._next_round == round)
         try:
             t_first = time.perf_counter()
+            update, plans = unguard(update), unguard(plans)
             await self.await_inbox(inbox)
             return await asyncio.to_thread(self._run_batch, round, update, plans,
                                            list(inboxes), t_first)
@@ -387,6 +439,7 @@ class ActorPartitionWorker(PartitionWorker):
             await cond.wait_for(
                 lambda: self._next_round is None or self._next_round == round)
         try:
+            update, plan = unguard(update), unguard(plan)
             await self.await_inbox(inbox)
             return await asyncio.to_thread(PartitionWorker.step, self, round, update, plan)
         finally:

@@ -11,7 +11,7 @@ import time
 from collections import deque
 
 from ..program import update_for
-from ..worker import ActorPartitionWorker
+from ..worker import ActorPartitionWorker, guard
 from .base import InsufficientMemoryError, WorkerLostError
 
 #: seconds between two event messages of one fit to the scheduler (see DaskBackend.log_event)
@@ -373,7 +373,8 @@ class DaskBackend:
 
     def step(self, round, updates, plans):
         self._open_inbox(round)
-        calls = [(a, "step", (round, update_for(updates, k), plans[k], self._inbox_for(k)))
+        calls = [(a, "step", (round, guard(update_for(updates, k)), guard(plans[k]),
+                              self._inbox_for(k)))
                  for k, a in enumerate(self.actors)]
         self._inbox = None
         self._open_round = self._last_step = round
@@ -388,8 +389,9 @@ class DaskBackend:
             raise RuntimeError(f"rounds {round}..{last} run as one batch but the program does "
                                f"not declare their ring messages (Program.ring_inbox)")
         self._open_inbox(round)
-        calls = [(a, "step_batch", (round, update_for(updates, k), [p[k] for p in plans_seq],
-                                    self._inbox_for(k), [c[k] for c in within]))
+        calls = [(a, "step_batch", (round, guard(update_for(updates, k)),
+                                    guard([p[k] for p in plans_seq]), self._inbox_for(k),
+                                    [c[k] for c in within]))
                  for k, a in enumerate(self.actors)]
         self._inbox = None
         self._open_round = self._last_step = last
@@ -439,7 +441,8 @@ class DaskBackend:
     def apply_all(self, updates) -> None:
         self._settle_inbox()
         # with rounds still in flight, after the last of them (actor calls may overtake)
-        self._results(self._issue([(a, "apply", (update_for(updates, k), self._last_step))
+        self._results(self._issue([(a, "apply", (guard(update_for(updates, k)),
+                                                 self._last_step))
                                    for k, a in enumerate(self.actors)]))
 
     def save_all(self, paths) -> None:
