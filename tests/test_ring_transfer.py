@@ -467,3 +467,26 @@ def test_guarded_arguments_round_trip_with_writable_arrays():
     bad = deserialize(*serialize(guard(_DriverOnly()), serializers=("pickle",)))
     with pytest.raises(RuntimeError, match="could not be unpickled"):
         unguard(bad)
+
+
+@pytest.mark.dask
+def test_batches_bring_back_a_bounded_number_of_bytes(dask_client, monkeypatch):
+    """A batch's replies hold every round's partials: their bytes bound its length."""
+    from dmp.engine import runner
+
+    class Heavy(AllToAll):
+        def push(self, s, plan):
+            out = super().push(s, plan)
+            return Sends({**out.partial, "load": np.zeros(128 * 1024 // 8)}, out.messages)
+
+    monkeypatch.setattr(runner, "BATCH_MAX_BYTES", 1024 * 1024)
+    backend = _counting_backend(dask_client)
+    try:
+        prog = Heavy()
+        res = run(prog, backend, max_iter=60)
+    finally:
+        backend.close()
+    assert prog.driver["verdicts"] == [True] * 60
+    # two partitions x 128 KiB (and a little more) a round: at most 3 rounds fit 1 MiB
+    assert max(m for _, m in backend.calls) == 3
+    assert res.history[-1]["bytes_push"] >= 2 * 128 * 1024

@@ -28,6 +28,9 @@ logger = logging.getLogger("dmp")
 BATCH_TARGET_S = 0.25
 #: most rounds in one batch
 BATCH_MAX = 1024
+#: most bytes of partial results one batch brings back to the driver (a batch's replies hold
+#: every round's partials at once)
+BATCH_MAX_BYTES = 64 * 2**20
 
 
 @dataclass
@@ -227,9 +230,13 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
                     results_seq = ([backend.gather(handle)] if m == 1
                                    else backend.gather_batch(handle))
                     batch_s = time.perf_counter() - t_issue
-                    # rounds per batch: about BATCH_TARGET_S of work, growing at most 4x at once
+                    # rounds per batch: about BATCH_TARGET_S of work and at most BATCH_MAX_BYTES
+                    # of partials, growing at most 4x at once
+                    push_bytes = [payload_nbytes([res["partial"] for res in results])
+                                  for results in results_seq]
                     batch_cap = int(max(1, min(BATCH_MAX, 4 * m,
-                                               BATCH_TARGET_S * m / max(batch_s, 1e-9))))
+                                               BATCH_TARGET_S * m / max(batch_s, 1e-9),
+                                               BATCH_MAX_BYTES / max(max(push_bytes), 1))))
                     for j, results in enumerate(results_seq):
                         r = r0 + j
                         partials = [res["partial"] for res in results]
@@ -248,7 +255,7 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
                         rec = {"round": r, "time": time.perf_counter() - t_loop0,
                                "round_s": round_s, "push_s": push_s, "idle_s": idle_s,
                                "bytes_schedule": b_scheds[j],
-                               "bytes_push": payload_nbytes(partials),
+                               "bytes_push": push_bytes[j],
                                "bytes_pull": b_bcast if j == 0 else 0,
                                "bytes_ring": sum(res.get("bytes_ring", 0) for res in results),
                                # seconds each partition spent handing its ring messages over
