@@ -15,11 +15,12 @@ What it does:
    float64 together exceed one worker's limit but fit across the workers.
 3. Fits ``MatrixFactorization(method=--method, n_components=--rank)`` for ``--iters``
    iterations with ``factors_store=...``: every worker keeps only its own users' and items'
-   factor rows, each round broadcasts one factor column (CCD++) or one coordinate block
-   (CCD), and at the end every worker writes its rows to Zarr itself.
+   factor rows, each round moves the items' partial sums of one factor column (CCD++) or one
+   coordinate block (CCD) between the workers, and at the end every worker writes its rows to
+   Zarr itself.
 4. Prints: the model size against the memory limit, the per-worker peak memory sampled from
-   the workers during the fit (``psutil`` RSS through ``client.run``), the largest broadcast
-   of any round, worker losses (must be none), objective and RMSE per iteration, and the
+   the workers during the fit (``psutil`` RSS through ``client.run``), the most any worker
+   received in one round (from the driver and from the other workers), worker losses (must be none), objective and RMSE per iteration, and the
    time per iteration.
 """
 
@@ -119,9 +120,12 @@ def main(argv=None):
                                    h["time"][ends]):
             print(f"  iteration {t}: objective {f:.6g}  train RMSE {tr_:.4f}  t={tt:.1f}s")
         test = -mf.score(ds)
-        per_round = np.asarray(h["bytes_pull"][1:]) / args.workers
+        # what a worker receives in a round: its share of the driver's update and of the
+        # messages between the workers (both symmetric over the workers here)
+        per_round = (np.asarray(h["bytes_pull"][1:]) + np.asarray(h["bytes_ring"][1:])) \
+            / args.workers
         print(f"test RMSE {test:.4f}")
-        print(f"largest broadcast per worker in one round: {format_bytes(per_round.max())} "
+        print(f"most received per worker in one round: {format_bytes(per_round.max())} "
               f"(whole factors: {format_bytes(model)})")
         for addr, v in sorted(peaks.items()):
             print(f"  worker {addr}: peak RSS {format_bytes(v)} "
@@ -133,7 +137,7 @@ def main(argv=None):
                "workers": args.workers, "memory_limit": limit, "model_bytes": model,
                "peak_rss": peaks, "wall_s": wall, "iterations": mf.n_iter_,
                "test_rmse": test, "worker_losses": len(mf.recoveries_),
-               "max_broadcast_per_worker": float(per_round.max()),
+               "max_received_per_worker": float(per_round.max()),
                "objective": [float(x) for x in h["objective"][ends]]}
         if args.json:
             with open(args.json, "w") as f:
