@@ -341,6 +341,18 @@ class AllToAll(Program):
         return {"total": np.array([s["total"]])}
 
 
+def _fails_on_dask(dask_client, program, match, **run_kw):
+    """Run ``program`` on a fresh Dask backend and check it fails with ``match``."""
+    from dmp.engine.backends.dask import DaskBackend
+
+    backend = DaskBackend(dask_client)
+    try:
+        with pytest.raises(RuntimeError, match=match):
+            run(program, backend, **run_kw)
+    finally:
+        backend.close()
+
+
 def _counting_backend(dask_client):
     from dmp.engine.backends.dask import DaskBackend
 
@@ -394,20 +406,13 @@ def test_rounds_run_one_by_one_in_process():
 
 @pytest.mark.dask
 def test_a_pull_update_inside_a_batch_is_refused(dask_client):
-    from dmp.engine.backends.dask import DaskBackend
-
     class Updates(AllToAll):
         def pull(self, round, partials):
             super().pull(round, partials)
             return Broadcast(round)
 
-    backend = DaskBackend(dask_client)
-    try:
-        with pytest.raises(RuntimeError, match=r"Updates.pull returned an update for round "
-                                               r"\d+, which ran in a batch"):
-            run(Updates(), backend, max_iter=200)
-    finally:
-        backend.close()
+    _fails_on_dask(dask_client, Updates(), r"Updates.pull returned an update for round \d+, "
+                   r"which ran in a batch", max_iter=200)
 
 
 def _refuse_to_load():
@@ -423,33 +428,28 @@ class _DriverOnly:
 
 
 @pytest.mark.dask
-@pytest.mark.parametrize("where", ["plan", "update"])
+@pytest.mark.parametrize("where", ["plan", "update", "plan in a batch"])
 @pytest.mark.timeout(60)
 def test_an_argument_a_worker_cannot_unpickle_fails_the_fit(dask_client, where):
     """Instead of hanging (distributed's actor call never resolves then), the call fails
     with an error naming the cause."""
-    from dmp.engine.backends.dask import DaskBackend
 
     class CarriesDriverOnly(AllToAll):
         def schedule(self, round):
             plans = super().schedule(round)
-            return [dict(p, x=_DriverOnly()) for p in plans] if where == "plan" and round == 3 \
-                else plans
+            return ([dict(p, x=_DriverOnly()) for p in plans]
+                    if where.startswith("plan") and round == 3 else plans)
 
         def pull(self, round, partials):
             super().pull(round, partials)
             return Broadcast(_DriverOnly()) if where == "update" and round == 2 else None
 
         def batch_rounds(self, round):
-            return 1
+            # rounds 1-4 run as one batch (the cap grows 1, 4, ...)
+            return super().batch_rounds(round) if where == "plan in a batch" else 1
 
-    backend = DaskBackend(dask_client)
-    try:
-        with pytest.raises(RuntimeError, match=r"could not be unpickled on this worker "
-                                               r"\(ImportError: no module named 'driver_only'"):
-            run(CarriesDriverOnly(), backend, max_iter=6)
-    finally:
-        backend.close()
+    _fails_on_dask(dask_client, CarriesDriverOnly(), r"could not be unpickled on this worker "
+                   r"\(ImportError: no module named 'driver_only'", max_iter=6)
 
 
 def test_guarded_arguments_round_trip_with_writable_arrays():

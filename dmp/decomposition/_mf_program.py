@@ -104,13 +104,20 @@ class _MFBase(Program):
     def schedule(self, round: int) -> list:
         return [self.round_info(round)] * self.driver["n_partitions"]
 
+    def _mean(self, parts) -> float:
+        """The mean of every partition's ratings (0 without centring), from the init round's
+        counts and sums; the driver and (CCD++) every partition compute it alike."""
+        nnz = int(sum(p["count"] for p in parts))
+        total = float(sum(p["sum"] for p in parts))
+        return total / nnz if (self.center and nnz) else 0.0
+
     def _init_pull(self, partials, update) -> tuple[float, float]:
         """Counts and the mean from the init round; returns the starting (loss, vloss)."""
         dr = self.driver
         dr["nnz"] = int(sum(p["count"] for p in partials))
         dr["nnz_valid"] = int(sum(p["count_valid"] for p in partials))
         total = float(sum(p["sum"] for p in partials))
-        mean = total / dr["nnz"] if (self.center and dr["nnz"]) else 0.0
+        mean = self._mean(partials)
         dr["mean"] = update["mean"] = mean
         sq = float(sum(p["sumsq"] for p in partials))
         vs = float(sum(p["sum_valid"] for p in partials))
@@ -431,12 +438,6 @@ class CCDPPProgram(_MFBase):
 
     # the driver and every partition solve the same item update from the same partial
     # sums, added in partition order, so they agree to the last bit
-    @staticmethod
-    def _mean(parts, center: bool) -> tuple[int, float, float]:
-        nnz = int(sum(p["count"] for p in parts))
-        total = float(sum(p["sum"] for p in parts))
-        return nnz, total, (total / nnz if (center and nnz) else 0.0)
-
     def _lam_cols(self, parts) -> np.ndarray:
         counts = np.sum([p["item_counts"] for p in parts], axis=0)
         return (self.alpha * counts if self.reg_scaling == "count"
@@ -512,7 +513,7 @@ class CCDPPProgram(_MFBase):
             parts = [got[q] for q in range(P)]
             info = self.round_info(r)
             if info["phase"] == "init":
-                mu = self._mean(parts, self.center)[2]
+                mu = self._mean(parts)
                 if mu != 0.0:
                     st["er"] -= mu
                     st["evr"] -= mu

@@ -421,28 +421,18 @@ class ActorPartitionWorker(PartitionWorker):
                 lambda: self._next_round is None or self._next_round == round)
         try:
             t_first = time.perf_counter()
-            update, plans = unguard(update), unguard(plans)
+            # the list guarded whole (a batch) or each plan (`step`)
+            update, plans = unguard(update), [unguard(p) for p in unguard(plans)]
             await self.await_inbox(inbox)
             return await asyncio.to_thread(self._run_batch, round, update, plans,
                                            list(inboxes), t_first)
         finally:
             async with self._cond:
-                self._next_round = round + len(plans)
+                self._next_round = round + len(inboxes) + 1
                 self._cond.notify_all()
 
     async def step(self, round: int, update, plan,  # type: ignore[override]
                    inbox=None) -> dict:
         """`PartitionWorker.step` once round ``round - 1`` ran here and ``inbox`` (see
-        `await_inbox`) arrived."""
-        cond = self._order_cond()
-        async with cond:
-            await cond.wait_for(
-                lambda: self._next_round is None or self._next_round == round)
-        try:
-            update, plan = unguard(update), unguard(plan)
-            await self.await_inbox(inbox)
-            return await asyncio.to_thread(PartitionWorker.step, self, round, update, plan)
-        finally:
-            async with self._cond:
-                self._next_round = round + 1
-                self._cond.notify_all()
+        `await_inbox`) arrived: a batch of one round."""
+        return (await self.step_batch(round, update, [plan], inbox))[0]
