@@ -142,13 +142,13 @@ def test_a_block_waits_packed_unless_the_next_push_needs_it_now():
     table[0, 3] = 5
     packed = pack_block(table)
     assert isinstance(packed, dict)                 # mostly zeros: it travels packed
-    prog.receive(s, 0, 1, (1, packed))              # its push of round 0 has not run yet
+    prog.receive(s, 0, 1, ((1, packed), None))      # its push of round 0 has not run yet
     assert s["inbox"][0][1] is packed
     s["inbox"].clear()
     prog.push(s, {"round": 0, "kind": "count", "last": False})
-    prog.receive(s, 0, 1, (1, packed))              # now it is the next push's block
+    prog.receive(s, 0, 1, ((1, packed), None))      # now it is the next push's block
     np.testing.assert_array_equal(s["inbox"][0][1], table)
-    prog.receive(s, 1, 1, (0, packed))              # a round further ahead waits packed
+    prog.receive(s, 1, 1, ((0, packed), None))      # a round further ahead waits packed
     assert s["inbox"][1][1] is packed
 
 
@@ -185,56 +185,58 @@ def test_count_invariants_after_every_sub_round(P):
 
 
 class _NkProgram(LDAProgram):
-    def n_k_view(self, s):
-        return s["n_k"].copy()
+    """Records, at the start of every sampling push, the totals it samples against and the
+    partition's own counts then."""
+
+    def _totals(self, s, round):
+        n_k = LDAProgram._totals(s, round)
+        s.setdefault("seen", []).append(
+            (round, n_k.copy(), np.bincount(s["z"], minlength=self.n_topics)))
+        return n_k
+
+    def seen(self, s):
+        return s["seen"]
 
 
-def test_stale_topic_totals_stay_nonnegative_and_end_exact():
-    """With staleness 1 a partition samples against the totals of two rounds back plus its
-    own changes since: never a negative total, and once the rounds in flight drain every
-    partition's totals equal the driver's, which equal the sum of the assignments."""
+@pytest.mark.parametrize("P", [2, 3])
+def test_every_sub_round_samples_against_the_exact_totals(P):
+    """Each partition adds the others' changes of the topic totals (sent with the blocks)
+    before its next sub-round: every push samples against the sum of all partitions'
+    counts after the round before, and the driver's totals end equal to them."""
     X, _, _ = lda_corpus(n_docs=60, n_words=90, n_topics=5, doc_len=30, seed=2)
-    prog = _NkProgram(InMemorySparseRowDataset(X, np.zeros(60), n_shards=3), n_topics=5,
+    prog = _NkProgram(InMemorySparseRowDataset(X, np.zeros(60), n_shards=P), n_topics=5,
                       alpha=0.1, beta=0.05, n_sweeps=4, sampler="sparse", seed=0)
-    backend = LocalBackend(3)
-    local, checked = {}, []
-
-    def check(round, metrics):
-        # in process, when round r is pulled the push of r + 1 has run already; from round
-        # 5 on (after the barrier before the first sampling round, 3) it had the pull of
-        # r - 1, plus its own changes of r and r + 1: the others' counts after round r - 1
-        # (seen at the callback of r - 2) and its own now
-        local[round] = [s["local_n_k"] for s in backend.call_all("check_counts")]
-        if round < 3:
-            return False
-        views = backend.call_all("n_k_view")
-        assert min(int(v.min()) for v in views) >= 0
-        if 6 <= round < 14:   # (after round 14, the last, no push follows)
-            for p, view in enumerate(views):
-                others = np.sum([local[round - 2][q] for q in range(3) if q != p], axis=0)
-                np.testing.assert_array_equal(view, others + local[round][p])
-            checked.append(round)
-        return False
-
-    res = run(prog, backend, max_iter=15, staleness=1, callback=check)
-    assert len(res.history) == 15 and checked == list(range(6, 14))
-    exact = np.sum([s["local_n_k"] for s in backend.call_all("check_counts")], axis=0)
-    np.testing.assert_array_equal(prog.driver["n_k"], exact)
-    for view in backend.call_all("n_k_view"):
-        np.testing.assert_array_equal(view, exact)
+    backend = LocalBackend(P)
+    res = run(prog, backend, max_iter=P * 5, staleness=1)
+    assert len(res.history) == P * 5
+    seen = backend.call_all("seen")
+    for r in range(P, P * 5):
+        # nothing changes a partition's counts between its push of r - 1 and that of r
+        exact = np.sum([next(own for q, _, own in part if q == r) for part in seen], axis=0)
+        for part in seen:
+            n_k = next(t for q, t, _ in part if q == r)
+            np.testing.assert_array_equal(n_k, exact)
+    assert [len(part) for part in seen] == [P * 4] * P
+    final = np.sum([s["local_n_k"] for s in backend.call_all("check_counts")], axis=0)
+    np.testing.assert_array_equal(prog.driver["n_k"], final)
 
 
 def test_blocks_move_partition_to_partition_and_bytes_are_counted():
     X, _, _ = lda_corpus(n_docs=60, n_words=90, n_topics=5, doc_len=30, seed=3)
-    lda = LatentDirichletAllocation(5, max_iter=2, backend="local", n_workers=3, staleness=0,
+    lda = LatentDirichletAllocation(5, max_iter=2, backend="local", n_workers=3,
                                     random_state=0).fit(X)
     h = lda.history_
     # each sub-round every partition hands its block (rows x K int32, plus the block id) to
-    # its neighbour: all 90 word rows move once per sub-round
-    assert np.all(h["bytes_ring"] == 90 * 5 * 4 + 3 * 8)
-    # only the topic totals pass the driver: K int64 (and the round) per partition each way
-    assert np.all(h["bytes_pull"][1:] == 3 * (5 * 8 + 8))
+    # its neighbour: all 90 word rows move once per sub-round; once sampling, every
+    # partition also sends its change of the topic totals (K int64) to the two others
     assert list(h["phase"][:3]) == ["count"] * 3 and set(h["phase"][3:]) == {"sample"}
+    assert np.all(h["bytes_ring"][:3] == 90 * 5 * 4 + 3 * 8)
+    assert np.all(h["bytes_ring"][3:] == 90 * 5 * 4 + 3 * 8 + 3 * 2 * 5 * 8)
+    # the driver sends only the totals of the counting rotation (K int64 and the round per
+    # partition, with the rounds up to the first sampling one); the sampling rounds' pulls
+    # send nothing
+    assert set(h["bytes_pull"][:4]) == {0, 3 * (5 * 8 + 8)}
+    assert np.all(h["bytes_pull"][4:] == 0)
 
 
 def test_word_blocks_balance_tokens():
@@ -368,16 +370,16 @@ def test_score_perplexity_and_top_words():
 
 def test_resume_from_checkpoint_gives_the_uninterrupted_result(tmp_path):
     X, _, _ = lda_corpus(n_docs=80, n_words=100, n_topics=4, doc_len=30, seed=6)
-    # staleness 1 (the default): the rounds of the checkpoints start drained, with or
-    # without a checkpoint location, so the same checkpoint_every gives the same chain
+    # a checkpoint holds each partition's totals with the changes received for its next
+    # sub-round, so the resumed chain is the uninterrupted one
     kw = dict(max_iter=8, backend="local", n_workers=2, random_state=3, checkpoint_every=2)
     full = LatentDirichletAllocation(4, **kw).fit(X)
     ck = str(tmp_path / "ck.zarr")
     stop = LatentDirichletAllocation(4, checkpoint=ck, callback=lambda r, m: r == 11,
                                      **kw).fit(X)
     assert stop.n_iter_ < 8
-    with pytest.raises(ValueError, match=r"different fit \(differs in: staleness\)"):
-        LatentDirichletAllocation(4, checkpoint=ck, resume=True, staleness=0, **kw).fit(X)
+    with pytest.raises(ValueError, match=r"different fit \(differs in: sampler\)"):
+        LatentDirichletAllocation(4, checkpoint=ck, resume=True, sampler="dense", **kw).fit(X)
     resumed = LatentDirichletAllocation(4, checkpoint=ck, resume=True, **kw).fit(X)
     np.testing.assert_array_equal(resumed.topic_word_counts_, full.topic_word_counts_)
     assert resumed.log_likelihood_ == full.log_likelihood_
@@ -404,9 +406,6 @@ def test_bad_parameters_and_vocabulary_mismatch():
         LatentDirichletAllocation(0, backend="local").fit(X)
     with pytest.raises(ValueError, match="sampler"):
         LatentDirichletAllocation(3, sampler="fast", backend="local").fit(X)
-    for bad in (-1, 1.5):
-        with pytest.raises(ValueError, match="staleness"):
-            LatentDirichletAllocation(3, staleness=bad, backend="local").fit(X)
     lda = LatentDirichletAllocation(3, max_iter=2, backend="local", random_state=0).fit(X)
     with pytest.raises(ValueError, match="vocabulary of 30"):
         lda.transform(sp.csr_matrix((2, 31)))

@@ -24,6 +24,11 @@ def test_dask_gives_the_local_assignments(dask_client, sampler):
     # the blocks travelled: each sub-round all 150 word rows moved between the two workers
     assert np.all(remote.history_["bytes_ring"] == local.history_["bytes_ring"])
     assert remote.history_["push_s"].shape[1] == 2
+    # the sampling sub-rounds ran in batches (one call per worker for several); in process
+    # round by round
+    batched = remote.history_["batch"] != remote.history_["round"]
+    assert batched.sum() >= 6 and not batched[:3].any()
+    assert np.all(local.history_["batch"] == local.history_["round"])
 
 
 def test_corpus_store_read_by_the_workers(dask_client, tmp_path):

@@ -3,6 +3,8 @@ process and worker to worker on Dask, where large arrays travel in pieces."""
 
 import pickle
 
+import time
+
 import numpy as np
 import pytest
 
@@ -395,6 +397,28 @@ def test_batched_rounds_see_every_message_of_the_round_before(dask_client, stale
     assert [(rec["round"], rec["batch"]) for rec in res.history] == [
         (r, r0) for r0, m in calls for r in range(r0, r0 + m)]
     assert all(rec["round_s"] >= max(rec["push_s"]) for rec in res.history)
+
+
+@pytest.mark.dask
+def test_batched_rounds_are_timed_when_they_ended_on_the_workers(dask_client):
+    """The driver scores a batch's rounds only after the whole batch ran; their history time
+    is when each ended on the workers (in order, never later than the driver saw them)."""
+    class Slow(AllToAll):
+        def push(self, s, plan):
+            time.sleep(0.004)
+            return super().push(s, plan)
+
+    backend = _counting_backend(dask_client)
+    try:
+        res = run(Slow(), backend, max_iter=60, checkpoint_every=1000)
+    finally:
+        backend.close()
+    assert max(m for _, m in backend.calls) > 4
+    times = [rec["time"] for rec in res.history]
+    assert times == sorted(times) and times[-1] <= res.wall_s
+    for prev, rec in zip(res.history, res.history[1:]):
+        if rec["batch"] == prev["batch"]:   # a round after another of the same call
+            assert rec["time"] - prev["time"] >= 0.003
 
 
 def test_rounds_run_one_by_one_in_process():

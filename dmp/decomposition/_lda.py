@@ -72,8 +72,11 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
     hands the block to the next worker (directly, worker to worker); after one rotation
     every token was sampled once (one *sweep*).  No worker ever holds the whole table
     during training: with P workers each holds about ``n_words x n_components / P`` counts
-    (two blocks while one arrives).  Only the topic totals (``n_components`` numbers) pass
-    through the driver, once per sub-round.
+    (two blocks while one arrives).  The topic totals (``n_components`` numbers) are kept
+    exact: each worker sends its change of them to every other after each sub-round (worker
+    to worker, with the block), so every sub-round samples against the totals of the one
+    before on any backend and number of workers, and the driver only scores the sub-rounds,
+    which run in batches (one call per worker for many sub-rounds).
 
     Parameters
     ----------
@@ -91,15 +94,6 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         ``"sparse"``: STRADS "sample by word", cost per token growing with the topics present
         in the document; ``"dense"``: O(K) per token (the reference).  Both draw from the
         same conditional distribution.
-    staleness : int, default 1
-        Sub-rounds kept in flight: a worker starts its next sub-round as soon as the block it
-        needs arrives from its neighbour, without waiting for the driver's new topic totals.
-        Its totals then include its own changes at once and the other workers' after
-        ``staleness`` sub-rounds (STRADS keeps ``n_k`` similarly stale); 0 waits for the
-        exact totals every sub-round.  With one worker the result does not depend on it.
-        The first sub-round of every ``checkpoint_every``-th sweep starts with exact totals
-        (whether or not a checkpoint is written), so a fit resumed from a checkpoint
-        continues the chain of the uninterrupted fit with the same parameters.
     transform_max_iter : int, default 50
         Gibbs fold-in sweeps of `transform` (the second half is averaged).
     backend : {"auto", "local", "dask"}, Client or backend, default "auto"
@@ -145,7 +139,6 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
         "schedule": [StrOptions({"rotation"})],
         "sampler": [StrOptions({"sparse", "dense"})],
-        "staleness": [Interval(numbers.Integral, 0, None, closed="left")],
         "transform_max_iter": [Interval(numbers.Integral, 2, None, closed="left")],
         "backend": [StrOptions({"auto", "local", "dask"}), object],
         "n_workers": [Interval(numbers.Integral, 1, None, closed="left"), None],
@@ -158,7 +151,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
     }
 
     def __init__(self, n_components=10, *, doc_topic_prior=None, topic_word_prior=None,
-                 max_iter=100, schedule="rotation", sampler="sparse", staleness=1,
+                 max_iter=100, schedule="rotation", sampler="sparse",
                  transform_max_iter=50,
                  backend="auto", n_workers=None, random_state=None, checkpoint=None,
                  checkpoint_every=10, resume=False, show_progress=False, callback=None):
@@ -168,7 +161,6 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         self.max_iter = max_iter
         self.schedule = schedule
         self.sampler = sampler
-        self.staleness = staleness
         self.transform_max_iter = transform_max_iter
         self.backend = backend
         self.n_workers = n_workers
@@ -260,15 +252,15 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
                                  f"were requested; rewrite it with n_shards >= {P}")
             program = LDAProgram(ds, n_topics=self.n_components, alpha=alpha, beta=beta,
                                  n_sweeps=self.max_iter, sampler=self.sampler,
-                                 seed=seed_from(self.random_state), staleness=self.staleness)
+                                 seed=seed_from(self.random_state))
             fingerprint = {"estimator": type(self).__name__, "n_components": self.n_components,
                            "alpha": alpha, "beta": beta, "sampler": self.sampler,
                            "shape": [int(s) for s in ds.shape], "n_partitions": P,
-                           # the totals' staleness changes which counts each sub-round sees
-                           "staleness": int(self.staleness),
                            "dataset": str(getattr(ds, "path", None))}
             result = run(program, backend, max_iter=P * (self.max_iter + 1),
-                         staleness=self.staleness,
+                         # the next batch of sub-rounds in flight while the driver scores
+                         # the last (the chain does not depend on it)
+                         staleness=1,
                          checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every * P,
                          resume=self.resume, fingerprint=fingerprint, callback=self.callback,
                          show_progress=self.show_progress, desc=type(self).__name__,

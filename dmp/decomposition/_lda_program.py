@@ -11,15 +11,19 @@ partition once.
 * Rounds ``0 .. P-1`` (one rotation) build the table: each partition adds its tokens' counts
   to the block it holds.  Round 0's pull also sums the topic totals ``n_k``.
 * Every later round is a sub-round of a Gibbs sweep: the partition samples its tokens of the
-  held block against its local copy of ``n_k``, and returns its change of ``n_k``; the pull
-  sums the changes and broadcasts the new ``n_k`` (the only shared, slightly stale quantity).
-  The last sub-round of a sweep also returns the log-likelihood parts, so the pull records
-  ``log p(w, z)`` once per sweep.
+  held block against its copy of ``n_k`` and sends its change of ``n_k`` to every other
+  partition (with the block to its neighbour), which adds it before its next sub-round: every
+  sub-round samples against the exact totals of the round before, on any backend and worker
+  count, and the driver is out of the loop -- its pulls only score the rounds (sum the
+  changes; the last sub-round of a sweep also returns the log-likelihood parts, so the pull
+  records ``log p(w, z)`` once per sweep), so the runner issues the sub-rounds in batches
+  (`Program.batch_rounds`).
 """
 
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 
@@ -136,17 +140,13 @@ class LDAProgram(Program):
         Gibbs sweeps after the counting rotation.
     sampler : {"sparse", "dense"}
     seed : int
-    staleness : int
-        The runner's staleness; only the memory estimate uses it (blocks of neighbours
-        running ahead wait here).
     """
 
     name = "lda"
     primary_metric = "ll_per_token"
     uses_ring = True
 
-    def __init__(self, dataset, *, n_topics, alpha, beta, n_sweeps, sampler, seed,
-                 staleness=0):
+    def __init__(self, dataset, *, n_topics, alpha, beta, n_sweeps, sampler, seed):
         super().__init__()
         if sampler not in ("sparse", "dense"):
             raise ValueError(f"sampler must be 'sparse' or 'dense', got {sampler!r}")
@@ -157,8 +157,6 @@ class LDAProgram(Program):
         self.n_sweeps = int(n_sweeps)
         self.sampler = sampler
         self.seed = int(seed)
-        #: the runner's staleness: how many blocks may wait here (`partition_nbytes`)
-        self.staleness = int(staleness)
         self.n_words = int(dataset.shape[1])
         # word frequencies balance the word blocks (None: a store without them, random deal)
         sums = dataset.column_sums() if hasattr(dataset, "column_sums") else None
@@ -184,7 +182,9 @@ class LDAProgram(Program):
                 "sizes": sizes, "local_nk": n_k,
                 # the block this partition starts with: its own, empty
                 "held": (p, np.zeros((int(sizes[p]), Kt), dtype=np.int32)),
-                "inbox": {}, "n_k": None, "own_dn": {},
+                # blocks arrived (by the round they were sent in), and the other
+                # partitions' changes of n_k (summed per round) not yet added to n_k
+                "inbox": {}, "n_k": None, "dn_in": {},
                 # the last block sent on packed (and where its nonzeros were): its memory
                 # takes the next one unpacked
                 "spare": None,
@@ -195,19 +195,28 @@ class LDAProgram(Program):
                 "phi": np.empty(Kt), "buf": np.empty(Kt), "tree": np.empty(Kt + 1)}
 
     def receive(self, s, round, src, payload):
-        # the block for round + 1; it may arrive before this partition took the block of
-        # round `round` (a faster neighbour), so the inbox is keyed by round
-        # kept as it travelled (its nonzeros when most counts are zero) until its round
-        # takes it: with staleness the neighbours may run ahead, and a worker then holds
-        # one dense block and the others packed (see `partition_nbytes`).  The block of the
+        blk, dn = payload
+        if dn is not None:
+            # a new array, never an update in place: in process every receiver gets the
+            # sender's own array
+            acc = s["dn_in"].get(round)
+            s["dn_in"][round] = dn if acc is None else acc + dn
+        if blk is not None:
+            self._receive_block(s, round, blk)
+
+    def _receive_block(self, s, round, blk):
+        # the block for round + 1; it may arrive while this partition still samples the
+        # block of round `round` (a neighbour a round ahead), so the inbox is keyed by round,
+        # and it is kept as it travelled (its nonzeros when most counts are zero) until its
+        # round takes it (see `partition_nbytes`).  The block of the
         # next push arriving after this partition's push of `round` finished (so no push
         # holds a dense block: the next one waits for this very block) is unpacked at once,
         # off that push's critical path (measured: 4% per sweep at K = 1000 on 2 workers
         # when every block was unpacked by its push)
-        b, packed = payload
+        b, packed = blk
         if s["next_push"] == round + 1:
-            payload = (b, self._unpack(s, packed))
-        s["inbox"][round] = payload
+            blk = (b, self._unpack(s, packed))
+        s["inbox"][round] = blk
 
     @staticmethod
     def _unpack(s, packed):
@@ -246,8 +255,8 @@ class LDAProgram(Program):
         if plan["kind"] == "count":
             K.count_block(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table)
             partial = {"n_k": s["local_nk"].copy()} if round == 0 else {}
-            return Sends(partial, {dest: (b, self._pack(s, table, dest))})
-        n_k = s["n_k"]
+            return Sends(partial, {dest: ((b, self._pack(s, table, dest)), None)})
+        n_k = self._totals(s, round)
         before = n_k.copy()
         u = round_uniforms(self.seed, round, s["p"], t1 - t0, out=s["u"])
         vbeta = self.n_words * self.beta
@@ -260,14 +269,28 @@ class LDAProgram(Program):
                            self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz"], s["dnz_cnt"],
                            s["phi"], s["buf"])
         dn = n_k - before
-        # kept until a pull that includes it arrives (`apply`, with staleness)
-        s["own_dn"][round] = dn
         partial = {"dn_k": dn, "tokens": t1 - t0}
         if plan["last"]:
             partial["ll_doc"] = K.doc_loglik(s["doc_len"], self.n_topics, self.alpha,
                                              s["dnz_ptr"], s["dnz"], s["dnz_cnt"])
             partial["ll_word"] = K.word_loglik(table, self.beta)
-        return Sends(partial, {dest: (b, self._pack(s, table, dest))})
+            # when the sweep ended here (wall clock, comparable across the workers): the
+            # driver scores batched rounds after the batch, so its own clock cannot say
+            partial["t_end"] = time.time()
+        messages = {q: (None, dn) for q in range(s["P"]) if q != s["p"]}
+        # the neighbour's message carries the block too (a lone partition sends it to itself)
+        messages[dest] = ((b, self._pack(s, table, dest)), dn if dest != s["p"] else None)
+        return Sends(partial, messages)
+
+    @staticmethod
+    def _totals(s, round):
+        """The topic totals round ``round`` samples against: with the other partitions'
+        changes of the round before, all of which arrived (the runner waits for the declared
+        messages, `ring_inbox`)."""
+        others = s["dn_in"].pop(round - 1, None)
+        if others is not None:
+            s["n_k"] += others
+        return s["n_k"]
 
     @staticmethod
     def _pack(s, table, dest):
@@ -282,17 +305,8 @@ class LDAProgram(Program):
         return packed
 
     def apply(self, s, update):
-        # the totals as of round `r`, plus this partition's own changes since (with
-        # staleness, the rounds after `r` already ran here): own counts are always exact,
-        # so no total can go negative; other partitions' changes arrive `staleness` late
-        r = update["round"]
-        n_k = np.array(update["n_k"], dtype=np.int64)
-        for q in sorted(s["own_dn"]):
-            if q <= r:
-                del s["own_dn"][q]
-            else:
-                n_k += s["own_dn"][q]
-        s["n_k"] = n_k
+        # the totals of the counting rotation (the sampling rounds' pulls send nothing)
+        s["n_k"] = np.array(update["n_k"], dtype=np.int64)
 
     @staticmethod
     def _next_block(s):
@@ -313,7 +327,8 @@ class LDAProgram(Program):
         out = {"z": s["z"], "block_id": np.array([b, r]), "block": table,
                "dnz_topics": s["dnz"][:, 0], "dnz_cnt": s["dnz_cnt"]}
         if s["n_k"] is not None:
-            out["n_k"] = s["n_k"]
+            # the totals the next push samples against: with the changes received for it
+            out["n_k"] = s["n_k"] + sum(s["dn_in"].values(), np.zeros_like(s["n_k"]))
         return out
 
     def restore_partition(self, s, arrays):
@@ -350,7 +365,7 @@ class LDAProgram(Program):
         # (-1: the next push's round is not known here; its block then waits packed)
         s["next_push"] = r + 1 if r >= 0 else -1
         s["n_k"] = np.array(arrays["n_k"], dtype=np.int64) if "n_k" in arrays else None
-        s["own_dn"] = {}
+        s["dn_in"] = {}
 
     def check_counts(self, s) -> dict:
         """Count invariants of this partition (for tests): doc-topic rows sum to document
@@ -390,9 +405,9 @@ class LDAProgram(Program):
             tokens = int(np.bincount(block, weights=self.word_freq, minlength=P).max())
             if 8 * tokens < dense // 2:
                 travel = 8 * tokens
-        # the block being sampled (dense), the one arriving, and with staleness up to
-        # `staleness` more sent by neighbours running ahead (at most P - 2 of them)
-        waiting = 1 + min(self.staleness, max(P - 2, 0)) if P > 1 else 0
+        # the block being sampled (dense) and the one arriving: no partition runs more than
+        # a round ahead of another (each push waits for every other's round before)
+        waiting = 1 if P > 1 else 0
         # per token: document, word row, topic (and the sort's temporaries) plus at most one
         # [topic, count] pair; each stored entry is at least one token, so this is a lower
         # bound; the word maps
@@ -420,20 +435,27 @@ class LDAProgram(Program):
         return round == self.driver["P"]
 
     def ring_inbox(self, round):
-        # every partition hands its block to its left neighbour each round
+        # every partition hands its block to its left neighbour each round, and once
+        # sampling its change of the totals to every other partition (with the block to the
+        # neighbour)
         P = self.driver["P"]
-        return [1] * P if P > 1 else [0]
+        if P == 1:
+            return [0]
+        return [1] * P if round < P else [P - 1] * P
+
+    def batch_rounds(self, round):
+        # sampling rounds take everything from the other partitions' messages
+        P = self.driver["P"]
+        return 1 if round < P else self.n_rounds - round
 
     def pull(self, round, partials):
-        import time
-
         dr = self.driver
         P = dr["P"]
         if round < P:
             if round == 0:
                 dr["n_k"] = np.sum([q["n_k"] for q in partials], axis=0).astype(np.int64)
                 dr["n_tokens"] = int(dr["n_k"].sum())
-                dr["t_sweep"] = time.perf_counter()
+                dr["t_sweep"] = time.time()
             dr["phase"] = "count"
             return Broadcast({"round": round, "n_k": dr["n_k"]})
         dr["phase"] = "sample"
@@ -444,10 +466,10 @@ class LDAProgram(Program):
             ll += Kt * math.lgamma(V * b) - sum(math.lgamma(c + V * b) for c in dr["n_k"])
             dr["ll"] = ll
             dr["sweep"] += 1
-            now = time.perf_counter()
+            now = max(q["t_end"] for q in partials)
             dr["tokens_s"] = dr["n_tokens"] / max(now - dr["t_sweep"], 1e-12)
             dr["t_sweep"] = now
-        return Broadcast({"round": round, "n_k": dr["n_k"]})
+        return None
 
     def metrics(self):
         dr = self.driver
@@ -465,14 +487,12 @@ class LDAProgram(Program):
                 "n_tokens": dr["n_tokens"]}
 
     def load_driver_state(self, state):
-        import time
-
         dr = self.driver
         dr["n_k"] = np.asarray(state["n_k"], dtype=np.int64)
         dr["ll"] = float(state["ll"])
         dr["sweep"] = int(state["sweep"])
         dr["n_tokens"] = int(state["n_tokens"])
-        dr["t_sweep"] = time.perf_counter()
+        dr["t_sweep"] = time.time()
 
     def finish(self, partition_arrays):
         """Assemble the topic-word counts ``n_kw`` (topics x words, int32: built in place,

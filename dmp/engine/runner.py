@@ -246,13 +246,20 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
                                                f"update for round {r}, which ran in a batch "
                                                f"(Program.batch_rounds)")
                         push_s = [res["push_s"] for res in results]
+                        now = time.perf_counter() - t_loop0
                         if m == 1:
                             round_s = time.perf_counter() - t_issue
                             idle_s = [max(round_s - p, 0.0) for p in push_s]
                         else:  # timed on the workers: from the round before's end to its own
                             idle_s = [max(res["step_s"] - res["push_s"], 0.0) for res in results]
                             round_s = max(res["step_s"] for res in results)
-                        rec = {"round": r, "time": time.perf_counter() - t_loop0,
+                            # when the round ended on the workers (their wall clocks, kept
+                            # in order and never after now against a skewed clock)
+                            ended = (max(res["t_end"] for res in results)
+                                     - (time.time() - time.perf_counter()) - t_loop0)
+                            now = min(max(ended, history[-1]["time"] if history else 0.0),
+                                      now)
+                        rec = {"round": r, "time": now,
                                "round_s": round_s, "push_s": push_s, "idle_s": idle_s,
                                "bytes_schedule": b_scheds[j],
                                "bytes_push": push_bytes[j],

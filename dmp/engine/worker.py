@@ -408,6 +408,9 @@ class ActorPartitionWorker(PartitionWorker):
             out.append(PartitionWorker.step(self, round + j, update if j == 0 else None, plan))
             # the round's time here: waiting for the messages, the push, handing its own over
             out[-1]["step_s"] = time.perf_counter() - t0
+            # when it ended (wall clock, comparable with the driver's): the driver learns
+            # of a batch's rounds only once the whole batch ran
+            out[-1]["t_end"] = time.time()
         return out
 
     async def step_batch(self, round: int, update, plans, inbox=None,
