@@ -109,7 +109,7 @@ def run_soak(client, seconds: float, *, seed: int = 0, kill_prob: float = 0.8,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name, (make, args, every, result, _) in problems.items():
-            # the fits' checkpoint_every: with staleness (LDA) those rounds start drained
+            # the fits' checkpoint_every (those rounds start drained)
             ref = make(backend="local", n_workers=3, checkpoint_every=every).fit(*args)
             references[name] = (result(ref), _metric(ref), len(ref.history_["round"]))
     stats = {"fits": 0, "kills": 0, "recoveries": 0, "divergences": [], "failures": [],

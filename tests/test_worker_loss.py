@@ -93,7 +93,7 @@ def test_random_kill_gives_the_undisturbed_result(cluster3, tmp_path, name):
     make, args, result, every = CASES[name]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        # the same checkpoint_every: with staleness (LDA) its rounds start drained
+        # the same checkpoint_every as the fit below (its rounds start drained)
         reference = make(backend="local", n_workers=3, checkpoint_every=every).fit(*args)
     n_rounds = len(reference.history_["round"])
     rng = random.Random(name)
