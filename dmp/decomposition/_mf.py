@@ -119,9 +119,8 @@ class MatrixFactorization(BaseEstimator):
         ``train_rmse``, ``valid_rmse`` (NaN without validation data), ``time``, ``round_s``,
         ``push_s`` (rounds x workers), ``bytes_schedule``, ``bytes_push``, ``bytes_pull``,
         ``bytes_ring`` (between workers), ``batch`` (the first round of the call the round ran
-        in: CCD++ rounds run in batches on Dask, whose rounds' ``time`` is when the driver
-        scored them, after the batch) and ``worker_losses`` (losses recovered from before the
-        round ran).
+        in: CCD++ rounds run in batches on Dask, whose rounds' ``time`` is when they ended on
+        the workers) and ``worker_losses`` (losses recovered from before the round ran).
     block_size_ : int
         Coordinates per round (1 for CCD++).
     """
