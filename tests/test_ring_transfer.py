@@ -2,7 +2,6 @@
 process and worker to worker on Dask, where large arrays travel in pieces."""
 
 import pickle
-
 import time
 
 import numpy as np

@@ -230,6 +230,8 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
                     results_seq = ([backend.gather(handle)] if m == 1
                                    else backend.gather_batch(handle))
                     batch_s = time.perf_counter() - t_issue
+                    # the workers' wall clock on this loop's clock (rounds of a batch)
+                    wall_to_loop = time.time() - time.perf_counter() + t_loop0
                     # rounds per batch: about BATCH_TARGET_S of work and at most BATCH_MAX_BYTES
                     # of partials, growing at most 4x at once
                     push_bytes = [payload_nbytes([res["partial"] for res in results])
@@ -255,8 +257,7 @@ def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
                             round_s = max(res["step_s"] for res in results)
                             # when the round ended on the workers (their wall clocks, kept
                             # in order and never after now against a skewed clock)
-                            ended = (max(res["t_end"] for res in results)
-                                     - (time.time() - time.perf_counter()) - t_loop0)
+                            ended = max(res["t_end"] for res in results) - wall_to_loop
                             now = min(max(ended, history[-1]["time"] if history else 0.0),
                                       now)
                         rec = {"round": r, "time": now,
