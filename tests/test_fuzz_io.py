@@ -266,19 +266,18 @@ def test_hostile_metadata_is_rejected_before_allocating(valid_stores, kind, whic
         shutil.rmtree(d, ignore_errors=True)
 
 
-def test_fuzz_sanity():
+def test_fuzz_sanity(tmp_path):
     """The strategies do produce both valid and invalid inputs."""
     assert isinstance(DatasetError("x"), ValueError)
-    p = _write(VALID_SVM)
-    try:
-        X, y = read_svmlight(p)
-        assert X.shape == (4, 4)
-        with pytest.raises(CLEAR):
-            read_svmlight(_write(b"1 3:x\n"))
-        users, items, ratings = read_ratings_file(_write(VALID_RATINGS))
-        assert len(users) == len(items) == len(ratings) == 4
-    finally:
-        shutil.rmtree(p.parent, ignore_errors=True)
+    files = {"svm": VALID_SVM, "bad": b"1 3:x\n", "ratings": VALID_RATINGS}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    X, y = read_svmlight(tmp_path / "svm")
+    assert X.shape == (4, 4)
+    with pytest.raises(CLEAR):
+        read_svmlight(tmp_path / "bad")
+    users, items, ratings = read_ratings_file(tmp_path / "ratings")
+    assert len(users) == len(items) == len(ratings) == 4
 
 
 @pytest.mark.parametrize("kind", ["columns", "rows"])
