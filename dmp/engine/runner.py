@@ -64,11 +64,28 @@ def _progress_bar(show_progress, total, desc):
     return tqdm(total=total, desc=desc, leave=True, dynamic_ncols=True)
 
 
-def run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
-        checkpoint_every: int = 50, resume: bool = False, fingerprint: dict | None = None,
-        callback=None, show_progress: bool = False, desc: str = "dmp",
-        max_recoveries: int = 5, params: dict | None = None) -> RunResult:
+def run(program, backend, **kwargs) -> RunResult:
     """Run ``program`` on ``backend`` until it converges or ``max_iter`` rounds pass.
+
+    On a backend whose partitions live in worker processes the driver's BLAS runs on one
+    thread: its work is vectors of one round, and OpenBLAS's idle pool threads spin between
+    calls -- on a LocalCluster that took 0.75 of a core from the workers of a 2-worker Lasso
+    fit on 2 cores (BENCHMARKS.md, issue 2).  In process the pushes run in the driver and
+    keep the library's default.  Keyword arguments: see `_run`.
+    """
+    if getattr(backend, "kind", None) == "local":
+        return _run(program, backend, **kwargs)
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=1, user_api="blas"):
+        return _run(program, backend, **kwargs)
+
+
+def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
+         checkpoint_every: int = 50, resume: bool = False, fingerprint: dict | None = None,
+         callback=None, show_progress: bool = False, desc: str = "dmp",
+         max_recoveries: int = 5, params: dict | None = None) -> RunResult:
+    """The body of `run`.
 
     Parameters
     ----------
