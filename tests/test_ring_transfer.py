@@ -420,6 +420,30 @@ def test_batched_rounds_are_timed_when_they_ended_on_the_workers(dask_client):
             assert rec["time"] - prev["time"] >= 0.003
 
 
+@pytest.mark.dask
+def test_batches_keep_their_size_with_a_batch_in_flight(dask_client, monkeypatch):
+    """A batch is sized by how long the one before ran on the workers, not by issue to
+    gather: with the next batch in flight (staleness 1) that also counts the wait behind the
+    batch before, and the sizes swung between large batches and batches of one round."""
+    import dmp.engine.runner as runner
+
+    monkeypatch.setattr(runner, "BATCH_TARGET_S", 0.12)
+
+    class Slow(AllToAll):
+        def push(self, s, plan):
+            time.sleep(0.003)
+            return super().push(s, plan)
+
+    backend = _counting_backend(dask_client)
+    try:
+        run(Slow(), backend, max_iter=900, staleness=1, checkpoint_every=10_000)
+    finally:
+        backend.close()
+    settled = [m for _, m in backend.calls][6:-1]   # after the growth, without the rest
+    assert np.median(settled) >= 10, backend.calls
+    assert sorted(settled)[1] >= np.median(settled) / 3, backend.calls
+
+
 def test_rounds_run_one_by_one_in_process():
     prog = AllToAll()
     res = run(prog, LocalBackend(3), max_iter=20, staleness=1)

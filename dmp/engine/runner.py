@@ -247,6 +247,12 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
                     results_seq = ([backend.gather(handle)] if m == 1
                                    else backend.gather_batch(handle))
                     batch_s = time.perf_counter() - t_issue
+                    if m > 1:
+                        # how long the batch ran on the workers: issue to gather also counts
+                        # the wait behind the batch before it (staleness), which would halve
+                        # the batches
+                        batch_s = max(sum(col) for col in zip(
+                            *[[res["step_s"] for res in results] for results in results_seq]))
                     # the workers' wall clock on this loop's clock (rounds of a batch)
                     wall_to_loop = time.time() - time.perf_counter() + t_loop0
                     # rounds per batch: about BATCH_TARGET_S of work and at most BATCH_MAX_BYTES
