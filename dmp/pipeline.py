@@ -424,15 +424,56 @@ def _reference(spec, ds, params, cls_name):
     return fun
 
 
+#: what every ``dmp run`` output folder holds: an existing folder is replaced only if it has
+#: them (an earlier run's output), never a folder of other files
+RUN_OUTPUT_MARKERS = ("metrics.json", "pipeline.yaml")
+
+
+def _check_output(out: Path) -> None:
+    """Refuse an output location that is not empty and not an earlier run's output."""
+    if not os.path.lexists(out):
+        return
+    if not out.is_dir():
+        raise PipelineError(f"output {str(out)!r} exists and is not a folder")
+    if any(out.iterdir()) and not all((out / m).is_file() for m in RUN_OUTPUT_MARKERS):
+        raise PipelineError(
+            f"output folder {str(out)!r} is not empty and is not the output of an earlier "
+            f"dmp run (no {' and '.join(RUN_OUTPUT_MARKERS)}); it is left alone -- choose "
+            f"another output")
+
+
+def _remove_checkpoints(stores, root: str, root_existed: bool) -> None:
+    """After a successful run: its own checkpoint stores, and the root folder if this run
+    created it and nothing else is in it."""
+    from .engine.checkpoint import is_remote
+
+    for store in stores:
+        store.clear()
+    if not root_existed and not is_remote(root):
+        try:
+            os.rmdir(root)
+        except OSError:
+            pass
+
+
 def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=None,
                  show_progress=True, log=print) -> dict:
-    """Run a loaded pipeline; returns the metrics written to ``metrics.json``."""
+    """Run a loaded pipeline; returns the metrics written to ``metrics.json``.
+
+    The output folder is written beside ``output`` and moved there at the end; an existing
+    one is replaced only if it is an earlier run's output (or empty).  Checkpoints go to
+    ``<checkpoints>/<run label>.zarr`` and are deleted after a successful run (only those).
+    """
     from .engine.checkpoint import CheckpointStore, is_remote
 
     out = Path(output or spec["output"]).resolve()
+    _check_output(out)
     ckpt_root = str(spec.get("checkpoints") or out.parent / f".{out.name}-checkpoints")
     if not is_remote(ckpt_root):
         ckpt_root = str(Path(ckpt_root).resolve())
+    root_existed = (CheckpointStore(ckpt_root).fs.exists(ckpt_root) if is_remote(ckpt_root)
+                    else os.path.lexists(ckpt_root))
+    stores = []
     ds = _open_data(spec)
     log(f"dataset: {ds}")
     est_spec = spec["estimator"]
@@ -464,6 +505,7 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
                 p[cmp_key] = value
             ckpt = f"{ckpt_root.rstrip('/')}/{label}.zarr"
             store = CheckpointStore(ckpt)
+            stores.append(store)
             has_ckpt = store.latest() is not None
             if store.exists() and not resume:
                 store.clear()
@@ -546,14 +588,20 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
         with open(tmp_out / "metrics.json", "w") as f:
             json.dump(metrics, f, indent=2, default=_json_default)
         shutil.copy(spec["_path"], tmp_out / "pipeline.yaml")
-        if out.exists():
+        _check_output(out)   # again: something may have appeared there during the fits
+        if out.is_dir() and not any(out.iterdir()):
+            # an empty folder (perhaps the working directory) stays; the files move in
+            for child in tmp_out.iterdir():
+                os.replace(child, out / child.name)
+            tmp_out.rmdir()
+        elif out.exists():
             old = out.parent / f"{out.name}.old-{uuid.uuid4().hex[:8]}"
             os.replace(out, old)
             os.replace(tmp_out, out)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp_out, out)
-        CheckpointStore(ckpt_root).clear()
+        _remove_checkpoints(stores, ckpt_root, root_existed)
         log(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
         return metrics
     finally:

@@ -83,6 +83,45 @@ def test_failed_run_leaves_no_output(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name != "bad.yaml"] == []
 
 
+def test_run_refuses_an_output_folder_of_other_files(tmp_path, capsys):
+    """Only an earlier run's output (or an empty folder) is replaced: a folder of other
+    files -- say the working directory -- is refused before anything starts."""
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "precious.txt").write_text("keep me")
+    rc = main(["run", str(REPO / "pipelines" / "lasso_small.yaml"), "--output", str(out),
+               "--no-progress"])
+    assert rc == 2
+    assert "is not the output of an earlier dmp run" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["precious.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_run_removes_only_its_own_checkpoints(tmp_path):
+    """A successful run deletes the checkpoint stores it wrote, not the other contents of
+    the ``checkpoints`` folder; an empty output folder is filled, not replaced."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / "other.txt").write_text("not dmp's")
+    spec = (REPO / "pipelines" / "lasso_small.yaml").read_text()
+    spec = spec.replace("checkpoint_every: 25", f"checkpoint_every: 5\ncheckpoints: {ck}")
+    spec = spec.replace("compare:\n  schedule: [priority, round_robin]\n", "")
+    path = tmp_path / "p.yaml"
+    path.write_text(spec)
+    out = tmp_path / "out"
+    out.mkdir()
+    assert main(["run", str(path), "--output", str(out), "--no-progress"]) == 0
+    assert [p.name for p in ck.iterdir()] == ["other.txt"]
+    assert (out / "metrics.json").is_file() and (out / "coef.zarr").is_dir()
+    # a second run replaces the first one's output
+    (out / "metrics.json").write_text("{}")
+    assert main(["run", str(path), "--output", str(out), "--no-progress"]) == 0
+    assert json.loads((out / "metrics.json").read_text())["pipeline"] == "lasso_small"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "out", "p.yaml"]
+
+
 def test_pipeline_validation_messages(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\ndataset: lasso_small\nestimator: {class: Lasso}\nbogus: 1\n")

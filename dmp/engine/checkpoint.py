@@ -107,8 +107,30 @@ class CheckpointStore:
         except FileNotFoundError:
             pass
 
+    def is_checkpoint_store(self) -> bool:
+        """Whether this location holds a dmp checkpoint store (its root says so)."""
+        if not self.exists():
+            return False
+        try:
+            return "dmp_checkpoint" in self._root().attrs
+        except Exception:
+            return False
+
     def clear(self) -> None:
-        """Delete every checkpoint at this location."""
+        """Delete every checkpoint at this location.
+
+        Raises
+        ------
+        FileExistsError
+            When something other than a dmp checkpoint store is there: it is left alone.
+        """
+        present = (self.fs.exists(self.path) if self.remote
+                   else os.path.lexists(self.path))
+        if not present:
+            return
+        if not self.is_checkpoint_store():
+            raise FileExistsError(f"{self.path!r} is not a dmp checkpoint store; refusing to "
+                                  f"delete it (choose another checkpoint location)")
         self._remove(self.path)
 
     # -- reading
