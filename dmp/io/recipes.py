@@ -48,6 +48,7 @@ import inspect
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import uuid
@@ -59,7 +60,8 @@ import yaml
 
 from . import corpus, dense, ratings, svmlight, synthetic
 from .rows import write_sparse_rows
-from .sparse import DatasetError, _exists, _normalize_path, open_dataset, write_sparse
+from .sparse import (DatasetError, _exists, _normalize_path, _open_group, open_dataset,
+                     write_sparse)
 
 __all__ = ["default_cache_dir", "load_recipe", "build_dataset", "fetch_pypi_member",
            "GENERATORS", "CONVERTERS"]
@@ -429,25 +431,54 @@ def build_dataset(recipe, path=None, *, overwrite=False, storage_options=None):
     -------
     SparseDataset, dmp.io.SparseRowDataset or dmp.io.RatingsDataset
         Per the recipe's ``layout`` (sparse) or generator/converter (ratings).
+
+    Raises
+    ------
+    FileExistsError
+        ``path`` holds a dataset built from another recipe (or another version of this
+        one's source) and ``overwrite`` is False.
     """
     recipe = load_recipe(recipe)
+    digest = _recipe_hash(recipe)
     cached = path is None
     if cached:
-        path = default_cache_dir() / f"{recipe['name']}-{_recipe_hash(recipe)}.zarr"
+        path = default_cache_dir() / f"{recipe['name']}-{digest}.zarr"
     path = _normalize_path(path)
-    stale = False
     if not overwrite and _exists(path, storage_options):
         try:
-            return open_dataset(path, storage_options=storage_options)
+            ds = open_dataset(path, storage_options=storage_options)
         except DatasetError:
             if not cached:  # never replace something at a user-given path silently
                 raise
-            stale = True  # broken cache entry: rebuild
+            # a broken entry of dmp's own cache (a local folder): rebuilt from scratch
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            # a cache entry is named by its recipe's hash; a user's path says nothing
+            if cached or _recipe_stamp(path, storage_options) == digest:
+                return ds
+            raise FileExistsError(
+                f"{str(path)!r} holds a dataset that was not built from recipe "
+                f"{recipe['name']!r} as it is now; pass overwrite=True (on the command line "
+                f"--overwrite) to rebuild it there, or choose another path")
+    _build(recipe, path, overwrite, storage_options)
+    _open_group(path, storage_options, mode="r+").attrs["recipe"] = {
+        "name": recipe["name"], "hash": digest}
+    return open_dataset(path, storage_options=storage_options)
+
+
+def _recipe_stamp(path, storage_options) -> str | None:
+    """The recipe hash `build_dataset` stamped on the dataset at ``path``, if any."""
+    stamp = _open_group(path, storage_options, mode="r").attrs.get("recipe")
+    return stamp.get("hash") if isinstance(stamp, dict) else None
+
+
+def _build(recipe: dict, path, overwrite: bool, storage_options):
+    """Write the dataset of ``recipe`` at ``path``."""
     if _is_ratings(recipe):
-        return _build_ratings(recipe, path, overwrite or stale, storage_options)
+        return _build_ratings(recipe, path, overwrite, storage_options)
     params = recipe["params"]
     if _is_dense(recipe):
-        kw = dict(n_shards=recipe.get("n_shards"), overwrite=overwrite or stale,
+        kw = dict(n_shards=recipe.get("n_shards"), overwrite=overwrite,
                   storage_options=storage_options)
         params = dict(params)
         if "n_shards" in params:
@@ -473,5 +504,5 @@ def build_dataset(recipe, path=None, *, overwrite=False, storage_options=None):
     else:
         X, y = svmlight.read_svmlight(_source_path(recipe), **params)
     write = write_sparse_rows if recipe["layout"] == "rows" else write_sparse
-    return write(path, X, y, n_shards=recipe.get("n_shards"), overwrite=overwrite or stale,
+    return write(path, X, y, n_shards=recipe.get("n_shards"), overwrite=overwrite,
                  storage_options=storage_options, **kw)

@@ -319,9 +319,25 @@ def _default_n_shards(total_nnz: int, m: int) -> int:
     return min(m, max(1, -(-int(total_nnz) // TARGET_SHARD_NNZ)))
 
 
+def _is_dmp_dataset(path: str, storage_options) -> bool:
+    """Whether ``path`` holds a dmp dataset (a Zarr group whose attributes say so)."""
+    try:
+        return "dmp_format" in _open_group(path, storage_options, mode="r").attrs
+    except Exception:
+        return False
+
+
 def _check_dest(path: str, storage_options, overwrite: bool) -> None:
-    if _exists(path, storage_options) and not overwrite:
-        raise FileExistsError(f"{path!r} already exists; pass overwrite=True to replace it")
+    """A dataset may be written at ``path``: nothing is there, or (with ``overwrite``) a
+    dmp dataset is -- never a file or folder of something else."""
+    if not _exists(path, storage_options):
+        return
+    if not overwrite:
+        raise FileExistsError(f"{path!r} already exists; pass overwrite=True (on the command "
+                              f"line --overwrite) to replace it")
+    if not _is_dmp_dataset(path, storage_options):
+        raise FileExistsError(f"{path!r} exists and is not a dmp dataset; refusing to replace "
+                              f"it (overwrite replaces only a dataset)")
 
 
 def _atomic_write(path: str, storage_options, overwrite: bool, fill) -> None:
@@ -425,8 +441,7 @@ def _replace_dir(tmp: str, path: str, overwrite: bool) -> None:
     if not os.path.exists(path):
         os.replace(tmp, path)
         return
-    if not overwrite:
-        raise FileExistsError(f"{path!r} already exists; pass overwrite=True to replace it")
+    _check_dest(path, None, overwrite)
     old = f"{path}.tmp-{uuid.uuid4().hex}-old"
     os.replace(path, old)
     try:

@@ -60,6 +60,42 @@ def test_build_matches_generator_and_caches(tmp_path, monkeypatch):
 def test_build_explicit_path(tmp_path):
     ds = build_dataset(_tiny(), tmp_path / "x.zarr")
     assert ds.path == str(tmp_path / "x.zarr") and ds.n_shards == 4
+    # the same recipe again reuses it
+    assert build_dataset(_tiny(), tmp_path / "x.zarr").shape == ds.shape
+
+
+def test_a_path_holding_another_recipes_dataset_is_not_returned(tmp_path):
+    """At a user's path, an existing dataset is reused only if this recipe built it."""
+    path = tmp_path / "x.zarr"
+    build_dataset(_tiny(), path)
+    other = _tiny(name="other", params={"n": 40, "p": 100, "density": 0.05, "seed": 3})
+    with pytest.raises(FileExistsError, match="not built from recipe 'other'"):
+        build_dataset(other, path)
+    assert build_dataset(_tiny(), path).shape == (50, 200)   # untouched
+    assert build_dataset(other, path, overwrite=True).shape == (40, 100)
+    assert build_dataset(other, path).shape == (40, 100)
+
+
+def test_overwrite_replaces_only_a_dataset(tmp_path):
+    """``overwrite`` replaces a dmp dataset, never a folder or file of something else."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.txt").write_text("mine")
+    lone = tmp_path / "file.txt"
+    lone.write_text("mine too")
+    for path in (notes, lone):
+        with pytest.raises(FileExistsError, match="not a dmp dataset"):
+            build_dataset(_tiny(), path, overwrite=True)
+    assert (notes / "a.txt").read_text() == "mine" and lone.read_text() == "mine too"
+    assert {"file.txt", "notes"} <= {p.name for p in tmp_path.iterdir()}
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_a_broken_cache_entry_is_rebuilt(tmp_path):
+    ds = build_dataset(_tiny())
+    (Path(ds.path) / "zarr.json").write_text("{ not json")
+    again = build_dataset(_tiny())
+    assert again.path == ds.path and again.shape == (50, 200)
 
 
 def test_unknown_key_names_key_and_file(tmp_path):
