@@ -400,6 +400,24 @@ def test_partial_fit_continues_from_the_current_model():
         clf.partial_fit(X, np.where(y == 1, 2, 0))
 
 
+def test_partial_fit_takes_the_declared_classes_on_the_first_call():
+    """The first batch may hold one class only; labels outside ``classes`` are refused."""
+    X, y = breast_cancer(sorted_split=False)
+    kw = dict(alpha=1e-2, backend="local", random_state=0)
+    one = y == 1
+    clf = SparsifiedSGDClassifier(**kw).partial_fit(X[one], y[one], classes=[0, 1])
+    assert clf.classes_.tolist() == [0, 1]
+    clf.partial_fit(X[~one], y[~one])
+    assert set(clf.predict(X)) <= {0, 1}
+    named = SparsifiedSGDClassifier(**kw)
+    with pytest.raises(ValueError, match=r"labels \[0, 1\] not in classes_ \['a', 'b'\]"):
+        named.partial_fit(X, y, classes=["a", "b"])
+    assert not hasattr(named, "classes_")
+    labels = np.where(y == 1, "b", "a")
+    named.partial_fit(X, labels, classes=["a", "b"])
+    assert named.classes_.tolist() == ["a", "b"] and set(named.predict(X)) <= {"a", "b"}
+
+
 def test_checkpoint_resume_gives_the_same_result(tmp_path):
     X, y = breast_cancer()
     kw = dict(alpha=1e-2, method="isaga", batch_size=8, n_workers=3, max_iter=120,

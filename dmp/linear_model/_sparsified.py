@@ -459,18 +459,22 @@ class SparsifiedSGDClassifier(ClassifierMixin, _SparsifiedBase):
         y = np.asarray(y)
         kind = type_of_target(y, input_name="y", raise_unknown=True)
         classes = np.unique(y)
-        if reset or not hasattr(self, "classes_"):
+        # partial_fit's first call brings the classes (whatever this batch holds)
+        declared = getattr(self, "_declared_classes", None)
+        if reset and declared is None:
             if kind != "binary" or len(classes) != 2:
                 raise ValueError(f"Only binary classification is supported. The type of the "
                                  f"target is {kind}: y has {len(classes)} class(es) "
                                  f"{classes.tolist()[:10]}, {type(self).__name__} needs "
                                  f"exactly 2")
-            self.classes_ = classes
+            known = classes
         else:
-            unknown = np.setdiff1d(classes, self.classes_)
+            known = declared if reset else self.classes_
+            unknown = np.setdiff1d(classes, known)
             if len(unknown):
                 raise ValueError(f"y contains labels {unknown.tolist()[:10]} not in "
-                                 f"classes_ {self.classes_.tolist()}")
+                                 f"classes_ {known.tolist()}")
+        self.classes_ = known
         # the stored labels travel to the workers, which map them to -1 / +1
         return (y == self.classes_[1]).astype(np.float64)
 
@@ -495,8 +499,12 @@ class SparsifiedSGDClassifier(ClassifierMixin, _SparsifiedBase):
             if len(classes) != 2:
                 raise ValueError(f"{type(self).__name__} is a binary classifier: got "
                                  f"{len(classes)} classes")
-            self.classes_ = classes
-        elif classes is not None and not np.array_equal(np.unique(classes), self.classes_):
+            self._declared_classes = classes
+            try:
+                return self._partial(X, y)
+            finally:
+                del self._declared_classes
+        if classes is not None and not np.array_equal(np.unique(classes), self.classes_):
             raise ValueError(f"classes={list(classes)} differs from classes_ "
                              f"{self.classes_.tolist()} of the earlier calls")
         return self._partial(X, y)
