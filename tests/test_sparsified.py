@@ -468,6 +468,22 @@ def test_bad_input_is_rejected_with_clear_messages():
                                tol=None).fit(X, y.astype(float))
 
 
+def test_a_growing_finite_objective_is_divergence_not_convergence():
+    """Iterates that blow up but stay finite: the best objective stops improving, which
+    must not read as convergence."""
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((100, 5))
+    with pytest.raises(FloatingPointError, match="diverged"):
+        SparsifiedSGDRegressor(backend="local", step_size=10.0, max_iter=50,
+                               random_state=0).fit(X, X[:, 0])
+    # the same data at a sound step converges without complaint
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ok = SparsifiedSGDRegressor(backend="local", max_iter=2000, random_state=0).fit(
+            X, X[:, 0])
+    assert ok.score(X, X[:, 0]) > 0.99
+
+
 def test_broadcast_sends_only_changed_blocks_when_r_is_zero():
     """With R = 0 an ISGD step changes only the union of the uploaded blocks; the broadcast
     carries those (values + ids) instead of the whole point."""

@@ -37,6 +37,8 @@ METHODS = ("isgd", "isega", "isaga", "iasgd")
 _LOSS_IDS = {"squared_error": K.SQUARED, "log_loss": K.LOGISTIC}
 # curvature bound of the loss in the margin: squared 1, logistic 1/4
 _LOSS_CURVATURE = {"squared_error": 1.0, "log_loss": 0.25}
+#: an objective this many times the one the fit started from: the iterates diverge
+DIVERGENCE_FACTOR = 1e4
 
 
 def block_bounds(n_coords: int, n_blocks: int) -> np.ndarray:
@@ -321,7 +323,7 @@ class SparsifiedProgram(Program):
             d["stats"] = [{k: float(v) for k, v in p.items() if v is not None}
                           for p in partials]
             d["objective"] = self._objective(partials, d["point"])
-            d["best"] = d["objective"]
+            d["best"] = d["start"] = d["objective"]
             d["upload"] = [0] * len(partials)
             return None
         g = self.estimate(partials)
@@ -391,7 +393,9 @@ class SparsifiedProgram(Program):
         if f is None:
             return
         d["objective"] = f
-        if not math.isfinite(f):
+        # the objective (a loss plus a penalty, never negative) far above where the fit
+        # started: the iterates diverge, though still finite -- not "no improvement"
+        if not math.isfinite(f) or f > DIVERGENCE_FACTOR * d["start"] > 0:
             d["diverged"] = True
             d["converged"] = True
             return
@@ -426,7 +430,7 @@ class SparsifiedProgram(Program):
         return {"x": d["x"], "point": d["point"], "memory": d["memory"], "k": d["k"],
                 "step": d["step"], "beta": d["beta"], "weights": d["weights"], "l": d["l"],
                 "L": d.get("L"), "L_w": d.get("L_w"), "A": d.get("A"),
-                "objective": d["objective"], "best": d["best"],
+                "objective": d["objective"], "best": d["best"], "start": d["start"],
                 "bests": np.asarray(d["bests"], dtype=np.float64), "stats": d["stats"]}
 
     def load_driver_state(self, state):
@@ -438,6 +442,8 @@ class SparsifiedProgram(Program):
         for name in ("step", "beta", "weights", "l", "L", "L_w", "A", "objective", "best",
                      "stats"):
             d[name] = state[name]
+        # checkpoints before the divergence check have no start: judge from the best
+        d["start"] = state.get("start", d["best"])
         d["upload"] = [0] * d["n_parts"]
         d["objective_at"] = d["objective"]
 
