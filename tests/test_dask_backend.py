@@ -77,6 +77,30 @@ def test_explicit_client_backend(dask_client):
     np.testing.assert_allclose(est.coef_, ref.coef_, rtol=0, atol=1e-13)
 
 
+def test_clone_and_cross_validation_share_the_client(dask_client):
+    """A ``Client`` given as ``backend`` survives ``sklearn.base.clone`` by reference (it is a
+    connection, not a value), so model selection runs on the cluster; other parameters are
+    cloned as scikit-learn does."""
+    from sklearn.base import clone
+    from sklearn.model_selection import cross_val_score
+
+    from dmp.decomposition import LatentDirichletAllocation, MatrixFactorization
+    from dmp.hashing import BinaryAutoencoder
+    from dmp.linear_model import SparsifiedSGDRegressor
+
+    for cls in (Lasso, LatentDirichletAllocation, MatrixFactorization, BinaryAutoencoder,
+                SparsifiedSGDRegressor):
+        est = cls(backend=dask_client, callback=print)
+        twin = clone(est)
+        assert twin is not est and twin.backend is dask_client and twin.callback is print
+        assert twin.get_params() == est.get_params()
+    X, y = make_problem(seed=4)
+    est = Lasso(alpha=0.05 * alpha_max(X, y), backend=dask_client, random_state=0)
+    scores = cross_val_score(est, X, y, cv=2)
+    local = cross_val_score(clone(est).set_params(backend="local", n_workers=2), X, y, cv=2)
+    np.testing.assert_allclose(scores, local, rtol=1e-9)
+
+
 def test_workers_load_their_shards_from_the_store(dask_client, tmp_path):
     """Only the dataset handle travels: the program shipped to the workers is tiny."""
     X, y = make_problem(n=400, p=3000, density=0.05)

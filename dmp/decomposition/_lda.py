@@ -16,6 +16,7 @@ from sklearn.utils.validation import check_is_fitted
 from ..engine import resolve_backend, run
 from ..engine.runner import history_arrays
 from ..linear_model._lasso import seed_from
+from ..utils.estimator import SharedBackendMixin
 from . import _lda_kernels as K
 from ._lda_program import LDAProgram
 
@@ -62,8 +63,8 @@ def check_counts(X, what: str = "X", n_features: int | None = None) -> sp.csr_ma
     return X
 
 
-class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixin,
-                                BaseEstimator):
+class LatentDirichletAllocation(SharedBackendMixin, ClassNamePrefixFeaturesOutMixin,
+                                TransformerMixin, BaseEstimator):
     """Latent Dirichlet allocation by collapsed Gibbs sampling with STRADS word rotation.
 
     Documents are sharded over the workers, which keep their tokens, topic assignments and

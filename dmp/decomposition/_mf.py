@@ -19,6 +19,7 @@ from ..engine import resolve_backend, run
 from ..engine.runner import history_arrays
 from ..kernels import mf as K
 from ..linear_model._lasso import seed_from
+from ..utils.estimator import SharedBackendMixin
 from ._mf_program import MFProgram, auto_block_size
 
 
@@ -42,7 +43,7 @@ def _as_triplets(R, what: str):
                     f"or a dmp ratings store, got {type(R).__name__}")
 
 
-class MatrixFactorization(BaseEstimator):
+class MatrixFactorization(SharedBackendMixin, BaseEstimator):
     """Explicit-feedback matrix factorisation by STRADS model-parallel coordinate descent.
 
     Minimises ``sum_(i,j) observed (r_ij - mu - w_i . h_j)^2 + alpha (sum_i c_i |w_i|^2 +

@@ -18,6 +18,7 @@ from ..io.dense import (DenseDataset, InMemoryDenseDataset, _check_dense, append
                         write_dense)
 from ..io.sparse import _is_dask
 from ..linear_model._lasso import seed_from
+from ..utils.estimator import SharedBackendMixin
 from ._parmac import ParMACProgram
 from ._retrieval import euclidean_neighbors, pack_codes
 
@@ -39,7 +40,7 @@ def _temporary_store(X, extra, n_shards):
     return ds, tmp
 
 
-class BinaryAutoencoder(TransformerMixin, BaseEstimator):
+class BinaryAutoencoder(SharedBackendMixin, TransformerMixin, BaseEstimator):
     """Binary autoencoder hashing trained by ParMAC (model parallelism on a ring).
 
     The hash function ``h(x) = step(A x + a)`` maps points to ``n_bits``-bit codes; a linear

@@ -18,6 +18,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from ..engine import resolve_backend, run
 from ..engine.runner import history_arrays
 from ..utils.data import InMemorySparseDataset
+from ..utils.estimator import SharedBackendMixin
 from ._lasso_program import LassoProgram
 
 
@@ -55,7 +56,7 @@ def _auto_inner_sweeps(schedule: str, n_partitions: int, nnz: int) -> int:
     return 1 if nnz / n_partitions >= ONE_SWEEP_NNZ_PER_PARTITION else 3
 
 
-class Lasso(RegressorMixin, BaseEstimator):
+class Lasso(SharedBackendMixin, RegressorMixin, BaseEstimator):
     """Lasso by STRADS scheduled model-parallel coordinate descent.
 
     Minimises scikit-learn's objective ``1/(2 n) ||y - X w - b||^2 + alpha ||w||_1``.

@@ -18,6 +18,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..engine import resolve_backend, run
 from ..engine.runner import history_arrays
+from ..utils.estimator import SharedBackendMixin
 from ._lasso import seed_from
 from ._sparsified_program import SparsifiedProgram, block_bounds
 
@@ -26,7 +27,7 @@ def _is_row_dataset(X) -> bool:
     return hasattr(X, "load_row_shards") and hasattr(X, "row_partition")
 
 
-class _SparsifiedBase(BaseEstimator):
+class _SparsifiedBase(SharedBackendMixin, BaseEstimator):
     """Shared machinery; see :class:`SparsifiedSGDRegressor` for the parameters."""
 
     #: the driver needs the stored targets (a classifier's classes); a regressor's store was
