@@ -154,3 +154,19 @@ def test_clearing_a_location_that_is_not_a_checkpoint_store_is_refused(tmp_path)
     assert store.is_checkpoint_store() and store.latest() == 3
     store.clear()
     assert not (tmp_path / "fit.zarr").exists()
+
+
+def test_a_fit_the_callback_stopped_does_not_warn_of_max_iter():
+    """Stopping on request is not a failure to converge; running out of rounds is."""
+    from dmp.linear_model import SparsifiedSGDRegressor
+
+    X, y = make_problem(n=200, p=1500, density=0.03, seed=2)
+    kw = dict(alpha=1e-3, tol=1e-12, random_state=0, backend="local")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        est = Lasso(callback=lambda r, m: r >= 2, **kw).fit(X, y)
+        sgd = SparsifiedSGDRegressor(backend="local", random_state=0,
+                                     callback=lambda r, m: r >= 3).fit(X, y)
+    assert est.n_iter_ == 3 and sgd.n_iter_ == 3
+    with pytest.warns(ConvergenceWarning, match="did not converge in 3 rounds"):
+        Lasso(max_iter=3, **kw).fit(X, y)

@@ -44,6 +44,8 @@ class RunResult:
     wall_s: float
     recoveries: list = field(default_factory=list)
     fit_id: str = ""
+    #: the callback asked the run to stop (not a failure to converge)
+    stopped: bool = False
 
 
 def _pull_bytes(updates, n_partitions: int) -> int:
@@ -345,7 +347,7 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
     program.finish(arrays)
     return RunResult(history=history, n_rounds=round_, partition_arrays=arrays,
                      converged=converged, wall_s=time.perf_counter() - t_start,
-                     recoveries=recoveries, fit_id=events.fit_id)
+                     recoveries=recoveries, fit_id=events.fit_id, stopped=bool(stopped))
 
 
 def history_arrays(history: list[dict]) -> dict:

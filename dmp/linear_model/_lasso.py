@@ -311,7 +311,7 @@ class Lasso(SharedBackendMixin, RegressorMixin, BaseEstimator):
         self.history_ = history_arrays(result.history)
         self.recoveries_ = result.recoveries
         self.wall_time_ = result.wall_s
-        if not result.converged and self.tol > 0:
+        if not result.converged and not result.stopped and self.tol > 0:
             warnings.warn(f"Lasso did not converge in {self.max_iter} rounds (duality gap "
                           f"{self.dual_gap_:.3e}); increase max_iter or tol.",
                           ConvergenceWarning, stacklevel=2)

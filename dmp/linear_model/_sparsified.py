@@ -240,7 +240,8 @@ class _SparsifiedBase(SharedBackendMixin, BaseEstimator):
             raise FloatingPointError(
                 f"{type(self).__name__} diverged (objective {dr['objective']}) with "
                 f"step_size={self.step_size_:.3g}; use a smaller step_size")
-        if not one_epoch and not result.converged and self.tol is not None:
+        if (not one_epoch and not result.converged and not result.stopped
+                and self.tol is not None):
             warnings.warn(f"{type(self).__name__} stopped after max_iter={self.max_iter} "
                           f"iterations before the objective stopped improving by tol; "
                           f"increase max_iter", ConvergenceWarning, stacklevel=3)
