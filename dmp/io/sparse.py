@@ -719,6 +719,13 @@ class _StoredDataset:
                                f"{min(self.nnz, (b1 - b0) * m)}]")
         indices = self._read(g, f"{base}/indices", what, "int32", nnz)
         data = self._read(g, f"{base}/data", what, "float64", nnz)
+        if nnz and not np.all(data):
+            # the writers drop explicit zeros, and Zarr reads a missing chunk file as its
+            # fill value: a zero here is lost data, not a value
+            first = int(np.flatnonzero(data == 0)[0])
+            raise DatasetError(f"{what}: 'data' holds zeros (first at position {first}), "
+                               f"which a dmp store never stores: a chunk file of "
+                               f"'{base}/data' is missing or was zeroed")
         check_compressed(indptr, indices, data, m, what, major,
                          f" (unsorted or duplicate {minor} indices)",
                          "'indptr' is not non-decreasing")

@@ -357,6 +357,24 @@ def test_corrupted_shard(tmp_path, name, fn, match):
         ds.validate()
 
 
+def test_a_missing_chunk_file_is_not_read_as_zeros(tmp_path):
+    """Zarr reads a missing chunk file as its fill value; a dmp store never holds explicit
+    zeros, so a shard whose data chunk is gone is corrupt, not a shard of zeros."""
+    import shutil
+
+    X, y = _random_sparse()
+    path = tmp_path / "ds.zarr"
+    write_sparse(path, X, y, n_shards=3)
+    shutil.rmtree(path / "shards" / "s0001" / "data" / "c")
+    ds = open_dataset(path)
+    ds.load_shard(0)
+    with pytest.raises(DatasetError, match=r"shard 1: 'data' holds zeros .* chunk file of "
+                                           r"'shards/s0001/data' is missing"):
+        ds.load_shard(1)
+    with pytest.raises(DatasetError, match="holds zeros"):
+        ds.validate()
+
+
 def test_wrong_dtype_and_bad_y(tmp_path):
     X, y = _random_sparse()
     path = tmp_path / "ds.zarr"
