@@ -144,6 +144,21 @@ def _fractions(text: str) -> tuple[float, ...]:
     return fr
 
 
+def _int_at_least(low: int):
+    """An argparse type: an integer >= ``low``, refused at once with a clear message."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dmp", description="Dynamic model parallelism on Dask.")
     p.add_argument("-v", "--verbose", action="count", default=0)
@@ -153,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("pipeline", help="pipeline YAML file, e.g. pipelines/lasso.yaml")
     g = r.add_mutually_exclusive_group()
     g.add_argument("--scheduler", help="address of a running Dask scheduler (tcp://host:8786)")
-    g.add_argument("--workers", type=int, help="worker processes of the embedded LocalCluster")
+    g.add_argument("--workers", type=_int_at_least(1), help="worker processes of the embedded LocalCluster")
     r.add_argument("--resume", action="store_true", help="continue from the last checkpoints")
     r.add_argument("--output", help="output folder (default: the pipeline's 'output')")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -180,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
             kp.add_argument("--storage-secret", default=None,
                             help="Secret with object-store credentials (env of job + workers)")
             kp.add_argument("--namespace", default=None)
-        kp.add_argument("--workers", type=int, default=2, help="worker pods (default 2)")
+        kp.add_argument("--workers", type=_int_at_least(1), default=2, help="worker pods (default 2)")
         kp.add_argument("--image", default=DEFAULT_IMAGE, help=f"image (default {DEFAULT_IMAGE})")
         kp.add_argument("--memory", default="4Gi", help="memory per worker (default 4Gi)")
         kp.add_argument("--cpu", default="1", help="CPU request per worker (default 1)")
@@ -206,12 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "'digits', scikit-learn's) -> dense store")
     c.add_argument("source")
     c.add_argument("dest")
-    c.add_argument("--shards", type=int, default=None,
+    c.add_argument("--shards", type=_int_at_least(1), default=None,
                    help="svmlight, uci, text, features: number of shards")
     c.add_argument("--layout", choices=["columns", "rows"], default=None,
                    help="svmlight: shard by columns (model-parallel, default) or by rows "
                         "(data-parallel)")
-    c.add_argument("--n-features", type=int, default=None, help="svmlight: columns")
+    c.add_argument("--n-features", type=_int_at_least(1), default=None, help="svmlight: columns")
     c.add_argument("--format", dest="file_format",
                    choices=["auto", "movielens", "csv", "triplets"], default=None,
                    help="ratings: file format (default auto)")
@@ -219,11 +234,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ratings: train,valid,test fractions (default 0.8,0.1,0.1)")
     c.add_argument("--seed", type=int, default=None,
                    help="ratings, features: split / query-draw seed (default 0)")
-    c.add_argument("--queries", dest="n_queries", type=int, default=None,
+    c.add_argument("--queries", dest="n_queries", type=_int_at_least(0), default=None,
                    help="features: hold out this many random points as queries")
     c.add_argument("--queries-file", dest="queries_source", default=None,
                    help="features: held-out queries from this file (e.g. *_query.fvecs)")
-    c.add_argument("--max-points", type=int, default=None,
+    c.add_argument("--max-points", type=_int_at_least(1), default=None,
                    help="features: keep the first points only")
     c.add_argument("--duplicates", choices=["error", "mean", "last", "sum"], default=None,
                    help="ratings: repeated (user, item) pairs (default error)")
@@ -233,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--per", choices=["line", "file"], default=None,
                    help="text: one document per line of SOURCE, or per file of the "
                         "directory SOURCE (default line)")
-    c.add_argument("--min-count", type=int, default=None,
+    c.add_argument("--min-count", type=_int_at_least(1), default=None,
                    help="text: prune words seen fewer times in all (default 5)")
     c.add_argument("--stop-words", choices=["english", "none"], default=None,
                    help="text: stop-word list (default english)")

@@ -122,6 +122,36 @@ def test_run_removes_only_its_own_checkpoints(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "out", "p.yaml"]
 
 
+@pytest.mark.parametrize("argv, words", [
+    (["run", "p.yaml", "--workers", "-1"], "argument --workers: must be >= 1, got -1"),
+    (["run", "p.yaml", "--workers", "0"], "argument --workers: must be >= 1, got 0"),
+    (["data", "convert", "features", "digits", "f.zarr", "--max-points", "0"],
+     "argument --max-points: must be >= 1, got 0"),
+    (["data", "convert", "svmlight", "a.svm", "b.zarr", "--shards", "two"],
+     "argument --shards: expected an integer, got 'two'"),
+])
+def test_numeric_options_are_checked_at_once(argv, words, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and words in capsys.readouterr().err
+
+
+def test_data_errors_speak_the_command_line(tmp_path, capsys):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.txt").write_text("one document")
+    assert main(["data", "convert", "text", str(docs), str(tmp_path / "t.zarr")]) == 2
+    assert "is a directory; read one document per file" in capsys.readouterr().err
+    assert main(["data", "make", "no_such_recipe"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown recipe 'no_such_recipe'" in err and "lasso_small" in err
+    src = REPO / "datasets" / "sample.svm"
+    dest = tmp_path / "s.zarr"
+    assert main(["data", "convert", "svmlight", str(src), str(dest)]) == 0
+    assert main(["data", "convert", "svmlight", str(src), str(dest)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+
+
 def test_pipeline_validation_messages(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\ndataset: lasso_small\nestimator: {class: Lasso}\nbogus: 1\n")

@@ -151,6 +151,10 @@ def _documents(source, per: str):
     """(names, texts) of the collection; strict UTF-8."""
     source = os.fspath(source)
     if per == "line":
+        if os.path.isdir(source):
+            raise FileNotFoundError(f"text corpus {source!r} is a directory; read one document "
+                                    f"per file with per='file' (on the command line "
+                                    f"--per file)")
         if not os.path.isfile(source):
             raise FileNotFoundError(f"text corpus file {source!r} does not exist")
         try:

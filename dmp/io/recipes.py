@@ -136,6 +136,10 @@ def load_recipe(path_or_dict) -> dict:
             if cand.exists():
                 p = cand
         if not p.is_file():
+            if p.suffix == "" and len(p.parts) == 1:
+                known = sorted(f.stem for f in _REPO_DATASETS.glob("*.yaml"))
+                raise FileNotFoundError(f"unknown recipe {str(p)!r}: neither a recipe file nor "
+                                        f"one of dmp's ({', '.join(known)})")
             raise FileNotFoundError(f"recipe file {str(p)!r} does not exist")
         where, base = f"recipe file {str(p)!r}", p.resolve().parent
         with open(p) as f:
