@@ -38,6 +38,7 @@ import numpy as np
 import yaml
 
 from .engine.backends.dask import cluster_workers
+from .io.sparse import DatasetError, require_store_kind
 
 _KEYS = {"name", "description", "dataset", "estimator", "compare", "cluster",
          "checkpoint_every", "output", "reference", "checkpoints", "storage_options",
@@ -481,6 +482,10 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
     ratio = params.pop("alpha_ratio", None)
     fit_intercept = params.get("fit_intercept", True)
     cls = _estimator_class(est_spec["class"])
+    try:
+        require_store_kind(ds, cls._store_kinds, est_spec["class"])
+    except DatasetError as exc:  # before any cluster starts
+        raise PipelineError(f"{spec['_path']}: {exc}") from None
     compare = spec.get("compare") or {}
     (cmp_key, cmp_values), = compare.items() if compare else ((None, [None]),)
 

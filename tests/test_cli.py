@@ -152,6 +152,16 @@ def test_data_errors_speak_the_command_line(tmp_path, capsys):
     assert "--overwrite" in capsys.readouterr().err
 
 
+def test_run_refuses_a_store_of_the_wrong_kind_before_starting_a_cluster(tmp_path, capsys):
+    spec = tmp_path / "p.yaml"
+    spec.write_text(f"name: x\ndataset: tiny_corpus\nestimator: {{class: Lasso}}\n"
+                    f"output: {tmp_path / 'out'}\n")
+    assert main(["run", str(spec), "--no-progress"]) == 2
+    captured = capsys.readouterr()
+    assert "Lasso needs a column-sharded sparse store" in captured.err
+    assert "Dask dashboard" not in captured.out and not (tmp_path / "out").exists()
+
+
 def test_pipeline_validation_messages(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\ndataset: lasso_small\nestimator: {class: Lasso}\nbogus: 1\n")

@@ -79,3 +79,29 @@ def test_more_workers_than_shards(tmp_path):
     ds = write_sparse(tmp_path / "d.zarr", X, y, n_shards=2)
     with pytest.raises(ValueError, match="2 shard"):
         Lasso(backend="local", n_workers=3).fit(ds)
+
+
+def test_a_store_of_the_wrong_kind_is_named(tmp_path):
+    """Every estimator says which kind of store it needs and which kind it was given."""
+    from dmp.decomposition import LatentDirichletAllocation, MatrixFactorization
+    from dmp.hashing import BinaryAutoencoder
+    from dmp.io import write_dense, write_sparse_rows
+    from dmp.linear_model import SparsifiedSGDRegressor
+
+    X, y = make_problem(n=30, p=40, density=0.2, seed=1)
+    cols = write_sparse(tmp_path / "cols.zarr", X, y, n_shards=2)
+    rows = write_sparse_rows(tmp_path / "rows.zarr", X, y, n_shards=2)
+    dense = write_dense(tmp_path / "dense.zarr", np.random.default_rng(0).random((30, 4)),
+                        n_shards=2)
+    cases = [(Lasso, rows, "column-sharded", "row-sharded"),
+             (Lasso, dense, "column-sharded", "a dense store"),
+             (SparsifiedSGDRegressor, cols, "row-sharded", "column-sharded"),
+             (LatentDirichletAllocation, dense, "row-sharded", "a dense store"),
+             (MatrixFactorization, cols, "a ratings store", "column-sharded"),
+             (BinaryAutoencoder, rows, "a dense store", "row-sharded")]
+    for cls, ds, needs, got in cases:
+        with pytest.raises(DatasetError) as exc:
+            cls(backend="local").fit(ds)
+        text = str(exc.value)
+        assert text.startswith(f"{cls.__name__} needs") and needs in text.split(";")[0]
+        assert got in text.split(";")[1] and str(ds.path) in text

@@ -17,6 +17,7 @@ from ..engine import resolve_backend, run
 from ..engine.runner import history_arrays
 from ..linear_model._lasso import seed_from
 from ..utils.estimator import SharedBackendMixin
+from ..io.sparse import require_store_kind
 from . import _lda_kernels as K
 from ._lda_program import LDAProgram
 
@@ -135,6 +136,9 @@ class LatentDirichletAllocation(SharedBackendMixin, ClassNamePrefixFeaturesOutMi
     n_features_in_ : int
     """
 
+    #: the kinds of dmp store it fits (`dmp.io.sparse.STORE_KINDS`)
+    _store_kinds = ("sparse-rows",)
+
     _parameter_constraints: dict = {
         "n_components": [Interval(numbers.Integral, 1, None, closed="left")],
         "doc_topic_prior": [Interval(numbers.Real, 0, None, closed="neither"), None],
@@ -239,6 +243,7 @@ class LatentDirichletAllocation(SharedBackendMixin, ClassNamePrefixFeaturesOutMi
         self
         """
         self._validate_params()
+        require_store_kind(X, self._store_kinds, type(self).__name__)
         if self.checkpoint is None and self.resume:
             raise ValueError("resume=True needs a checkpoint location")
         backend = resolve_backend(self.backend, self.n_workers)

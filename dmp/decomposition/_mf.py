@@ -20,6 +20,7 @@ from ..engine.runner import history_arrays
 from ..kernels import mf as K
 from ..linear_model._lasso import seed_from
 from ..utils.estimator import SharedBackendMixin
+from ..io.sparse import require_store_kind
 from ._mf_program import MFProgram, auto_block_size
 
 
@@ -126,6 +127,9 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
         Coordinates per round (1 for CCD++).
     """
 
+    #: the kinds of dmp store it fits (`dmp.io.sparse.STORE_KINDS`)
+    _store_kinds = ("ratings",)
+
     _parameter_constraints: dict = {
         "n_components": [Interval(numbers.Integral, 1, None, closed="left")],
         "alpha": [Interval(numbers.Real, 0, None, closed="left")],
@@ -231,6 +235,7 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
         self
         """
         self._validate_params()
+        require_store_kind(X, self._store_kinds, type(self).__name__)
         if self.checkpoint is None and self.resume:
             raise ValueError("resume=True needs a checkpoint location")
         backend = resolve_backend(self.backend, self.n_workers)

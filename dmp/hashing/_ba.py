@@ -19,6 +19,7 @@ from ..io.dense import (DenseDataset, InMemoryDenseDataset, _check_dense, append
 from ..io.sparse import _is_dask
 from ..linear_model._lasso import seed_from
 from ..utils.estimator import SharedBackendMixin
+from ..io.sparse import require_store_kind
 from ._parmac import ParMACProgram
 from ._retrieval import euclidean_neighbors, pack_codes
 
@@ -104,6 +105,9 @@ class BinaryAutoencoder(SharedBackendMixin, TransformerMixin, BaseEstimator):
     recoveries_ : list of dict
     n_features_in_ : int
     """
+
+    #: the kinds of dmp store it fits (`dmp.io.sparse.STORE_KINDS`)
+    _store_kinds = ("dense-rows",)
 
     _parameter_constraints: dict = {
         "n_bits": [Interval(numbers.Integral, 1, None, closed="left")],
@@ -229,6 +233,7 @@ class BinaryAutoencoder(SharedBackendMixin, TransformerMixin, BaseEstimator):
         self
         """
         self._validate_params()
+        require_store_kind(X, self._store_kinds, type(self).__name__)
         D = int(X.shape[1]) if len(getattr(X, "shape", ())) == 2 else None
         if D is not None and 1 <= D < self.n_bits:
             raise ValueError(f"n_bits={self.n_bits} exceeds the {D} features: the decoder "

@@ -319,6 +319,26 @@ def _default_n_shards(total_nnz: int, m: int) -> int:
     return min(m, max(1, -(-int(total_nnz) // TARGET_SHARD_NNZ)))
 
 
+#: what each kind of store is, and the command that writes one
+STORE_KINDS = {
+    "sparse-columns": "a column-sharded sparse store (`dmp data convert svmlight`, `dmp.io."
+                      "write_sparse`)",
+    "sparse-rows": "a row-sharded sparse store (`dmp data convert svmlight --layout rows`, "
+                   "a corpus from `dmp data convert uci|text`, `dmp.io.write_sparse_rows`)",
+    "dense-rows": "a dense store (`dmp data convert features`, `dmp.io.write_dense`)",
+    "ratings": "a ratings store (`dmp data convert ratings`, `dmp.io.write_ratings`)",
+}
+
+
+def require_store_kind(X, kinds: tuple, estimator: str) -> None:
+    """Refuse a dmp store of a kind ``estimator`` cannot fit (anything else passes)."""
+    kind = getattr(type(X), "KIND", None)
+    if not kind or kind in kinds:
+        return
+    raise DatasetError(f"{estimator} needs {' or '.join(STORE_KINDS[k] for k in kinds)}; "
+                       f"{getattr(X, 'path', 'the dataset')!r} is {STORE_KINDS.get(kind, kind)}")
+
+
 def _is_dmp_dataset(path: str, storage_options) -> bool:
     """Whether ``path`` holds a dmp dataset (a Zarr group whose attributes say so)."""
     try:

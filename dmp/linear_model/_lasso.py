@@ -19,6 +19,7 @@ from ..engine import resolve_backend, run
 from ..engine.runner import history_arrays
 from ..utils.data import InMemorySparseDataset
 from ..utils.estimator import SharedBackendMixin
+from ..io.sparse import require_store_kind
 from ._lasso_program import LassoProgram
 
 
@@ -145,6 +146,9 @@ class Lasso(SharedBackendMixin, RegressorMixin, BaseEstimator):
         Worker losses survived during the fit.
     """
 
+    #: the kinds of dmp store it fits (`dmp.io.sparse.STORE_KINDS`)
+    _store_kinds = ("sparse-columns",)
+
     _parameter_constraints = {
         "alpha": [Interval(numbers.Real, 0, None, closed="left")],
         "fit_intercept": ["boolean"],
@@ -260,6 +264,7 @@ class Lasso(SharedBackendMixin, RegressorMixin, BaseEstimator):
         self
         """
         self._validate_params()
+        require_store_kind(X, self._store_kinds, type(self).__name__)
         backend = resolve_backend(self.backend, self.n_workers)
         if self.checkpoint is None and self.resume:
             raise ValueError("resume=True needs a checkpoint location")

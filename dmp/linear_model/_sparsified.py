@@ -19,6 +19,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from ..engine import resolve_backend, run
 from ..engine.runner import history_arrays
 from ..utils.estimator import SharedBackendMixin
+from ..io.sparse import require_store_kind
 from ._lasso import seed_from
 from ._sparsified_program import SparsifiedProgram, block_bounds
 
@@ -29,6 +30,9 @@ def _is_row_dataset(X) -> bool:
 
 class _SparsifiedBase(SharedBackendMixin, BaseEstimator):
     """Shared machinery; see :class:`SparsifiedSGDRegressor` for the parameters."""
+
+    #: the kinds of dmp store it fits (`dmp.io.sparse.STORE_KINDS`)
+    _store_kinds = ("sparse-rows",)
 
     #: the driver needs the stored targets (a classifier's classes); a regressor's store was
     #: validated when written, so its targets stay on the workers
@@ -181,6 +185,7 @@ class _SparsifiedBase(SharedBackendMixin, BaseEstimator):
         return None
 
     def _fit(self, X, y, *, reset: bool, one_epoch: bool = False, x0=None):
+        require_store_kind(X, self._store_kinds, type(self).__name__)
         backend = resolve_backend(self.backend, self.n_workers)
         if self.checkpoint is None and self.resume:
             raise ValueError("resume=True needs a checkpoint location")
