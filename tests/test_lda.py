@@ -366,6 +366,11 @@ def test_score_perplexity_and_top_words():
     assert top[0] == list(np.argsort(-lda.components_[0], kind="stable")[:3])
     vocab = [f"w{j}" for j in range(200)]
     assert lda.top_words(2, vocab)[1] == [vocab[j] for j in top[1][:2]]
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="n must be a positive integer"):
+            lda.top_words(bad)
+    with pytest.raises(ValueError, match="vocabulary has"):
+        lda.top_words(2, vocab[:-1])
 
 
 def test_resume_from_checkpoint_gives_the_uninterrupted_result(tmp_path):

@@ -100,3 +100,13 @@ def test_factors_store_written_by_the_workers(dask_client, tmp_path):
     np.testing.assert_array_equal(np.asarray(mf.item_factors_), ref.item_factors_)
     np.testing.assert_array_equal(mf.predict(te.row, te.col), ref.predict(te.row, te.col))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["factors.zarr"]  # no temporaries
+    # a second fit replaces its own store; anything else at the path is refused up front
+    again = MatrixFactorization(3, backend=dask_client, factors_store=str(store), **kw).fit(tr)
+    np.testing.assert_array_equal(np.asarray(again.user_factors_), ref.user_factors_)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.txt").write_text("mine")
+    for other in (notes, tmp_path / "factors.zarr" / "zarr.json"):
+        with pytest.raises(FileExistsError, match="is not a factors store"):
+            MatrixFactorization(3, backend=dask_client, factors_store=str(other), **kw).fit(tr)
+    assert (notes / "a.txt").read_text() == "mine"

@@ -355,10 +355,15 @@ class LatentDirichletAllocation(SharedBackendMixin, ClassNamePrefixFeaturesOutMi
         """The ``n`` most probable words of each topic (indices, or entries of
         ``vocabulary``)."""
         check_is_fitted(self, "components_")
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"n must be a positive integer, got {n!r}")
         order = np.argsort(-self.components_, axis=1, kind="stable")[:, :n]
         if vocabulary is None:
             return order.tolist()
         vocab = np.asarray(vocabulary)
+        if vocab.ndim != 1 or len(vocab) != self.components_.shape[1]:
+            raise ValueError(f"vocabulary has {vocab.shape} entries, but the model has "
+                             f"{self.components_.shape[1]} words")
         return [vocab[row].tolist() for row in order]
 
     def plot(self):

@@ -28,6 +28,26 @@ def _is_ratings_dataset(X) -> bool:
     return hasattr(X, "load_rows") and hasattr(X, "load_cols") and hasattr(X, "balanced_bounds")
 
 
+def _check_factors_store(path) -> None:
+    """``factors_store`` may be written: nothing is there, or the factors of an earlier fit
+    (replaced) -- never a file or a folder of something else."""
+    import os
+
+    import zarr
+
+    path = os.path.abspath(os.fspath(path))
+    if not os.path.lexists(path):
+        return
+    try:
+        attrs = zarr.open_group(path, mode="r", zarr_format=3).attrs
+        ours = "user_starts" in attrs and "item_starts" in attrs
+    except Exception:
+        ours = False
+    if not ours:
+        raise FileExistsError(f"factors_store {path!r} exists and is not a factors store of "
+                              f"an earlier fit; refusing to replace it (choose another path)")
+
+
 def _as_triplets(R, what: str):
     """(users, items, ratings, shape or None) from a sparse matrix or a triplet tuple."""
     if sp.issparse(R):
@@ -236,6 +256,8 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
         """
         self._validate_params()
         require_store_kind(X, self._store_kinds, type(self).__name__)
+        if self.factors_store is not None:
+            _check_factors_store(self.factors_store)   # before the work, not after
         if self.checkpoint is None and self.resume:
             raise ValueError("resume=True needs a checkpoint location")
         backend = resolve_backend(self.backend, self.n_workers)
@@ -326,6 +348,7 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
                             "user_starts": [p[1] for p in parts],
                             "item_starts": [p[3] for p in parts], "complete": True})
             if os.path.exists(path):
+                _check_factors_store(path)
                 shutil.rmtree(path)
             os.replace(tmp, path)
         finally:
