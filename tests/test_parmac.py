@@ -162,6 +162,8 @@ def test_new_shard_joins_between_iterations(digits):
         clone(ba).fit(first, arrivals={0: later})
     with pytest.raises(ValueError, match="features"):
         clone(ba).fit(first, arrivals={2: later[:, :10]})
+    with pytest.raises(ValueError, match=r"arrivals at MAC iterations \[8\] would never join"):
+        clone(ba).fit(first, arrivals={8: later})
 
 
 def test_speedup_model_closed_form():

@@ -79,6 +79,9 @@ def test_more_workers_than_shards(tmp_path):
     ds = write_sparse(tmp_path / "d.zarr", X, y, n_shards=2)
     with pytest.raises(ValueError, match="2 shard"):
         Lasso(backend="local", n_workers=3).fit(ds)
+    # in-memory input has no shards to rewrite: the limit is one feature per worker
+    with pytest.raises(ValueError, match=r"5 workers were requested for 4 feature\(s\)"):
+        Lasso(backend="local", n_workers=5).fit(X[:, :4], y)
 
 
 def test_a_store_of_the_wrong_kind_is_named(tmp_path):

@@ -234,6 +234,12 @@ class BinaryAutoencoder(SharedBackendMixin, TransformerMixin, BaseEstimator):
         """
         self._validate_params()
         require_store_kind(X, self._store_kinds, type(self).__name__)
+        late = sorted(i for i in (arrivals or {}) if isinstance(i, numbers.Integral)
+                      and not isinstance(i, bool) and i >= self.max_iter)
+        if late:
+            raise ValueError(f"arrivals at MAC iterations {late} would never join: the fit "
+                             f"runs iterations 0 to {self.max_iter - 1} (max_iter="
+                             f"{self.max_iter})")
         D = int(X.shape[1]) if len(getattr(X, "shape", ())) == 2 else None
         if D is not None and 1 <= D < self.n_bits:
             raise ValueError(f"n_bits={self.n_bits} exceeds the {D} features: the decoder "

@@ -273,6 +273,9 @@ class Lasso(SharedBackendMixin, RegressorMixin, BaseEstimator):
             n, p = ds.shape
             P = backend.n_partitions
             if P > ds.n_shards:
+                if ds is not X:  # in-memory input: split into one block per worker
+                    raise ValueError(f"{P} workers were requested for {p} feature(s): each "
+                                     f"worker needs at least one feature")
                 raise ValueError(f"the dataset has {ds.n_shards} shard(s) but {P} workers "
                                  f"were requested; rewrite it with n_shards >= {P}")
             if self.schedule_size == "auto":
