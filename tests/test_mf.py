@@ -214,6 +214,18 @@ def test_bad_arguments_are_refused():
         MatrixFactorization(2, backend="local", n_workers=30).fit(R)
     with pytest.raises(ValueError, match="X_val has shape"):
         MatrixFactorization(2, backend="local").fit(R, X_val=sp.coo_matrix((3, 3)))
+    # X_val's own errors name X_val and positions in it
+    n_users = R.shape[0]
+    one = (np.array([n_users + 5]), np.array([0]), np.array([1.0]))
+    with pytest.raises(ValueError, match=rf"X_val user ids must be in \[0, {n_users}\).*"
+                                         rf"X_val user 0 is {n_users + 5}"):
+        MatrixFactorization(2, backend="local").fit(R, X_val=one)
+    with pytest.raises(ValueError, match="X_val rating 0 is nan"):
+        MatrixFactorization(2, backend="local").fit(
+            R, X_val=(np.array([0]), np.array([0]), np.array([np.nan])))
+    fitted = MatrixFactorization(2, backend="local", max_iter=2).fit(R)
+    with pytest.raises(ValueError, match=r"X has shape \(100, 100\), the model was fitted"):
+        fitted.score(sp.coo_matrix(([1.0], ([0], [0])), shape=(100, 100)))
 
 
 def test_sklearn_params_and_clone():

@@ -28,6 +28,24 @@ def _is_ratings_dataset(X) -> bool:
     return hasattr(X, "load_rows") and hasattr(X, "load_cols") and hasattr(X, "balanced_bounds")
 
 
+def _check_validation(users, items, ratings, shape) -> None:
+    """``X_val``'s own errors, with positions in ``X_val`` (not in the ratings it is then
+    stored with)."""
+    ratings = np.asarray(ratings, dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(ratings))
+    if len(bad):
+        raise ValueError(f"X_val ratings must be finite; X_val rating {bad[0]} is "
+                         f"{ratings[bad[0]]}")
+    if shape is None:
+        return
+    for name, ids, n in (("user", users, shape[0]), ("item", items, shape[1])):
+        ids = np.asarray(ids)
+        bad = np.flatnonzero((ids < 0) | (ids >= n))
+        if len(bad):
+            raise ValueError(f"X_val {name} ids must be in [0, {n}) (the shape of X); X_val "
+                             f"{name} {bad[0]} is {ids[bad[0]]}")
+
+
 def _check_factors_store(path) -> None:
     """``factors_store`` may be written: nothing is there, or the factors of an earlier fit
     (replaced) -- never a file or a folder of something else."""
@@ -213,6 +231,7 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
             shape = shape or vshape
             if vshape is not None and tuple(vshape) != tuple(shape):
                 raise ValueError(f"X_val has shape {vshape}, X has shape {shape}")
+            _check_validation(vu, vi, vr, shape)
             valid = (vu, vi, vr)
         else:
             valid = None
@@ -409,7 +428,11 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
                                                        else "train")
             u, i, r = X.to_coo(split)
         else:
-            u, i, r, _ = _as_triplets(X, "X")
+            u, i, r, shape = _as_triplets(X, "X")
+            model = (self.user_factors_.shape[0], self.item_factors_.shape[0])
+            if shape is not None and tuple(shape) != model:
+                raise ValueError(f"X has shape {tuple(shape)}, the model was fitted on "
+                                 f"{model[0]} users x {model[1]} items")
         r = np.asarray(r, dtype=np.float64)
         if r.size == 0:
             raise ValueError("X holds no ratings to score")
