@@ -244,14 +244,10 @@ def _open_data(spec):
 def _start_cluster(spec, scheduler, workers):
     from distributed import Client
 
+    from .engine.backends.dask import connect, quiet_local_cluster
+
     if scheduler:
-        try:
-            client = Client(scheduler, timeout="5s")
-        except (OSError, TimeoutError) as exc:
-            raise ConnectionError(f"cannot reach the Dask scheduler at {scheduler!r}: {exc}") \
-                from exc
-        return client, None
-    from .engine.backends.dask import quiet_local_cluster
+        return connect(scheduler), None
 
     c = dict(spec.get("cluster") or {})
     n = workers or c.get("n_workers", 2)

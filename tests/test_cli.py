@@ -162,6 +162,19 @@ def test_run_refuses_a_store_of_the_wrong_kind_before_starting_a_cluster(tmp_pat
     assert "Dask dashboard" not in captured.out and not (tmp_path / "out").exists()
 
 
+def test_a_malformed_scheduler_address_is_refused_at_once(capsys):
+    import time
+
+    t0 = time.perf_counter()
+    assert main(["monitor", "notanaddress", "--timeout", "3"]) == 2
+    assert main(["run", str(REPO / "pipelines" / "lasso_small.yaml"), "--scheduler",
+                 "tcp://nohost", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "not a Dask scheduler address: 'notanaddress'" in err
+    assert "not a Dask scheduler address: 'tcp://nohost'" in err
+    assert "Traceback" not in err and time.perf_counter() - t0 < 8
+
+
 def test_pipeline_validation_messages(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\ndataset: lasso_small\nestimator: {class: Lasso}\nbogus: 1\n")

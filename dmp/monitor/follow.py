@@ -99,15 +99,13 @@ def follow(address, *, out=None, exit_when_done: bool = False, timeout: float | 
     """
     from distributed import Client
 
+    from ..engine.backends.dask import connect
+
     out = out or sys.stdout
     if isinstance(address, Client):
         client, own = address, False
     else:
-        try:
-            client, own = Client(address, timeout="5s", set_as_default=False), True
-        except (OSError, TimeoutError) as exc:
-            raise ConnectionError(f"cannot reach the Dask scheduler at {address!r}: {exc}") \
-                from exc
+        client, own = connect(address, set_as_default=False), True
     printer = _Printer(out, interval)
     inbox: queue.Queue = queue.Queue()
     try:

@@ -29,6 +29,35 @@ QUIET_DASK_CONFIG = {"distributed.admin.tick.interval": "200ms",
                      "distributed.worker.profile.enabled": False}
 
 
+def connect(address: str, *, timeout: str = "5s", set_as_default: bool = True):
+    """A ``Client`` of the scheduler at ``address``.
+
+    Raises
+    ------
+    ValueError
+        ``address`` is not a scheduler address (checked before a client exists: a client
+        that fails half-way blocks for seconds in its finaliser).
+    ConnectionError
+        Nothing answers there within ``timeout``.
+    """
+    from distributed import Client
+    from distributed.comm import parse_address
+    from distributed.comm.addressing import parse_host_port
+
+    try:
+        protocol, location = parse_address(str(address))
+        if protocol in ("tcp", "tls", "ws", "wss"):
+            parse_host_port(location)
+    except ValueError as exc:
+        raise ValueError(f"not a Dask scheduler address: {address!r} ({exc}); expected "
+                         f"e.g. tcp://host:8786") from None
+    try:
+        return Client(address, timeout=timeout, set_as_default=set_as_default)
+    except (OSError, TimeoutError) as exc:
+        raise ConnectionError(f"cannot reach the Dask scheduler at {address!r}: {exc}") \
+            from exc
+
+
 def quiet_local_cluster(n_workers: int, **kwargs):
     """A ``LocalCluster`` of ``n_workers`` worker processes (single-threaded unless
     ``threads_per_worker`` says otherwise) created under ``QUIET_DASK_CONFIG``: the cluster
