@@ -440,13 +440,11 @@ def _check_output(out: Path) -> None:
 
 
 def _remove_checkpoints(stores, root: str, root_existed: bool) -> None:
-    """After a successful run: its own checkpoint stores, and the root folder if this run
-    created it and nothing else is in it."""
-    from .engine.checkpoint import is_remote
-
+    """After a successful run: its own checkpoint stores, and the (local) root folder if
+    this run created it and nothing else is in it."""
     for store in stores:
         store.clear()
-    if not root_existed and not is_remote(root):
+    if not root_existed:
         try:
             os.rmdir(root)
         except OSError:
@@ -468,8 +466,9 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
     ckpt_root = str(spec.get("checkpoints") or out.parent / f".{out.name}-checkpoints")
     if not is_remote(ckpt_root):
         ckpt_root = str(Path(ckpt_root).resolve())
-    root_existed = (CheckpointStore(ckpt_root).fs.exists(ckpt_root) if is_remote(ckpt_root)
-                    else os.path.lexists(ckpt_root))
+    # only a local root this run creates is removed afterwards (an object store has no
+    # folders to leave behind)
+    root_existed = is_remote(ckpt_root) or os.path.lexists(ckpt_root)
     stores = []
     ds = _open_data(spec)
     log(f"dataset: {ds}")

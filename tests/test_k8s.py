@@ -291,6 +291,8 @@ def test_cli_render_and_errors(tmp_path, capsys):
     assert "the image holds the pipelines" in capsys.readouterr().err
     assert main(["k8s", "render", str(PIPELINES[0]), "--memory", "lots"]) == 2
     assert "Kubernetes quantity" in capsys.readouterr().err
-    assert main(["k8s", "render", str(PIPELINES[0]), "--workers", "0"]) == 2
+    with pytest.raises(SystemExit) as exc:   # refused by the argument parser, at once
+        main(["k8s", "render", str(PIPELINES[0]), "--workers", "0"])
+    assert exc.value.code == 2 and "--workers: must be >= 1" in capsys.readouterr().err
     with pytest.raises(ValueError):
         render_cluster(workers=0)
