@@ -421,22 +421,38 @@ def _reference(spec, ds, params, cls_name):
     return fun
 
 
-#: what every ``dmp run`` output folder holds: an existing folder is replaced only if it has
-#: them (an earlier run's output), never a folder of other files
-RUN_OUTPUT_MARKERS = ("metrics.json", "pipeline.yaml")
+#: every ``dmp run`` output folder lists what the run wrote in it: an existing folder is
+#: replaced only if it holds nothing else (an earlier run's output), never other files
+RUN_MANIFEST = ".dmp-run.json"
+#: what output folders of runs before the manifest held
+_OLD_RUN_FILES = {"metrics.json", "pipeline.yaml", "top_words.txt", "components.zarr",
+                  "hash.zarr", "coef.zarr", "factors.zarr"}
 
 
 def _check_output(out: Path) -> None:
-    """Refuse an output location that is not empty and not an earlier run's output."""
+    """Refuse an output location that is not empty and not only an earlier run's output."""
     if not os.path.lexists(out):
         return
     if not out.is_dir():
         raise PipelineError(f"output {str(out)!r} exists and is not a folder")
-    if any(out.iterdir()) and not all((out / m).is_file() for m in RUN_OUTPUT_MARKERS):
+    names = {p.name for p in out.iterdir()}
+    if not names:
+        return
+    try:
+        allowed = set(json.loads((out / RUN_MANIFEST).read_text())) | {RUN_MANIFEST}
+    except (OSError, ValueError, TypeError):
+        allowed = None
+    if allowed is None and {"metrics.json", "pipeline.yaml"} <= names:
+        allowed = _OLD_RUN_FILES | {n for n in names if n.endswith(".png")}
+    if allowed is None:
         raise PipelineError(
             f"output folder {str(out)!r} is not empty and is not the output of an earlier "
-            f"dmp run (no {' and '.join(RUN_OUTPUT_MARKERS)}); it is left alone -- choose "
-            f"another output")
+            f"dmp run; it is left alone -- choose another output")
+    other = sorted(names - allowed)
+    if other:
+        raise PipelineError(
+            f"output folder {str(out)!r} holds files an earlier dmp run did not write "
+            f"({', '.join(other[:5])}); it is left alone -- move them or choose another output")
 
 
 def _remove_checkpoints(stores, root: str, root_existed: bool) -> None:
@@ -466,9 +482,13 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
     ckpt_root = str(spec.get("checkpoints") or out.parent / f".{out.name}-checkpoints")
     if not is_remote(ckpt_root):
         ckpt_root = str(Path(ckpt_root).resolve())
-    # only a local root this run creates is removed afterwards (an object store has no
-    # folders to leave behind)
-    root_existed = is_remote(ckpt_root) or os.path.lexists(ckpt_root)
+    if not is_remote(ckpt_root) and Path(ckpt_root).is_relative_to(out):
+        raise PipelineError(f"checkpoints {ckpt_root!r} must not be inside the output folder "
+                            f"{str(out)!r} (the output is replaced as a whole)")
+    # a local root is removed afterwards if it is dmp's default one or this run created it
+    # (an object store has no folders to leave behind)
+    root_existed = is_remote(ckpt_root) or (os.path.lexists(ckpt_root)
+                                            and bool(spec.get("checkpoints")))
     stores = []
     ds = _open_data(spec)
     log(f"dataset: {ds}")
@@ -588,6 +608,8 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
         with open(tmp_out / "metrics.json", "w") as f:
             json.dump(metrics, f, indent=2, default=_json_default)
         shutil.copy(spec["_path"], tmp_out / "pipeline.yaml")
+        (tmp_out / RUN_MANIFEST).write_text(json.dumps(sorted(
+            p.name for p in tmp_out.iterdir())))
         _check_output(out)   # again: something may have appeared there during the fits
         if out.is_dir() and not any(out.iterdir()):
             # an empty folder (perhaps the working directory) stays; the files move in

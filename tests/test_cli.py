@@ -116,11 +116,24 @@ def test_run_removes_only_its_own_checkpoints(tmp_path):
     assert main(["run", str(path), "--output", str(out), "--no-progress"]) == 0
     assert [p.name for p in ck.iterdir()] == ["other.txt"]
     assert (out / "metrics.json").is_file() and (out / "coef.zarr").is_dir()
-    # a second run replaces the first one's output
+    # a second run replaces the first one's output ...
     (out / "metrics.json").write_text("{}")
     assert main(["run", str(path), "--output", str(out), "--no-progress"]) == 0
     assert json.loads((out / "metrics.json").read_text())["pipeline"] == "lasso_small"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "out", "p.yaml"]
+    # ... but not once the user put a file of their own in it
+    (out / "notes.md").write_text("mine")
+    assert main(["run", str(path), "--output", str(out), "--no-progress"]) == 2
+    assert (out / "notes.md").read_text() == "mine" and (out / "metrics.json").is_file()
+
+
+def test_run_refuses_checkpoints_inside_the_output(tmp_path, capsys):
+    spec = (REPO / "pipelines" / "lasso_small.yaml").read_text()
+    path = tmp_path / "p.yaml"
+    path.write_text(spec + f"checkpoints: {tmp_path / 'res' / 'ck'}\n")
+    assert main(["run", str(path), "--output", str(tmp_path / "res"), "--no-progress"]) == 2
+    assert "must not be inside the output folder" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.yaml"]
 
 
 @pytest.mark.parametrize("argv, words", [

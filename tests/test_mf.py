@@ -226,6 +226,8 @@ def test_bad_arguments_are_refused():
     fitted = MatrixFactorization(2, backend="local", max_iter=2).fit(R)
     with pytest.raises(ValueError, match=r"X has shape \(100, 100\), the model was fitted"):
         fitted.score(sp.coo_matrix(([1.0], ([0], [0])), shape=(100, 100)))
+    # a matrix built without shape= is only as large as its largest ids: fine
+    assert np.isfinite(fitted.score(sp.coo_matrix(([3.0], ([1], [2])))))
 
 
 def test_sklearn_params_and_clone():

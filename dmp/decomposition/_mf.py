@@ -54,7 +54,7 @@ def _check_factors_store(path) -> None:
     import zarr
 
     path = os.path.abspath(os.fspath(path))
-    if not os.path.lexists(path):
+    if not os.path.lexists(path) or (os.path.isdir(path) and not os.listdir(path)):
         return
     try:
         attrs = zarr.open_group(path, mode="r", zarr_format=3).attrs
@@ -430,7 +430,8 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
         else:
             u, i, r, shape = _as_triplets(X, "X")
             model = (self.user_factors_.shape[0], self.item_factors_.shape[0])
-            if shape is not None and tuple(shape) != model:
+            # a matrix built without shape= is as large as its largest ids: smaller is fine
+            if shape is not None and (shape[0] > model[0] or shape[1] > model[1]):
                 raise ValueError(f"X has shape {tuple(shape)}, the model was fitted on "
                                  f"{model[0]} users x {model[1]} items")
         r = np.asarray(r, dtype=np.float64)

@@ -104,7 +104,8 @@ def write_dense(path, X, *, n_shards=None, queries=None, overwrite=False,
     queries : array-like of shape (q, p), optional
         Held-out query points stored beside the shards (`DenseDataset.load_queries`).
     overwrite : bool, default False
-        Replace an existing dataset (only once the new one is complete).
+        Replace an existing dataset (only once the new one is complete; anything there that
+        is not a dmp dataset is refused, never replaced).
 
     Raises
     ------

@@ -363,7 +363,8 @@ def write_ratings(path, users, items, ratings, *, shape=None, split=None, duplic
         Original labels (int or str) of each user / item index, of length ``n_users`` /
         ``n_items``, all distinct; stored as ``user_ids`` / ``item_ids`` (give both).
     overwrite : bool, default False
-        Replace an existing dataset at ``path`` (removed only once the new one is complete).
+        Replace an existing dataset at ``path`` (removed only once the new one is complete;
+        anything there that is not a dmp dataset is refused, never replaced).
     storage_options : dict, optional
         fsspec options for remote URLs.
 

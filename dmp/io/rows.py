@@ -67,7 +67,8 @@ def write_sparse_rows(path, X, y, *, n_shards=None, overwrite=False,
         Number of row shards, in ``[1, n]``.  Default: about 2M stored values per shard.
         Row bounds are chosen so that shards hold roughly equal numbers of nonzeros.
     overwrite : bool, default False
-        Replace an existing dataset at ``path`` (removed only once the new one is complete).
+        Replace an existing dataset at ``path`` (removed only once the new one is complete;
+        anything there that is not a dmp dataset is refused, never replaced).
     storage_options : dict, optional
         fsspec options for remote URLs.
     vocabulary : sequence of str, optional

@@ -396,7 +396,8 @@ def write_sparse(path, X, y, *, n_shards=None, overwrite=False,
         Number of column shards, in ``[1, p]``.  Default: about 2M stored values per shard.
         Column bounds are chosen so that shards hold roughly equal numbers of nonzeros.
     overwrite : bool, default False
-        Replace an existing dataset at ``path`` (removed only once the new one is complete).
+        Replace an existing dataset at ``path`` (removed only once the new one is complete;
+        anything there that is not a dmp dataset is refused, never replaced).
     storage_options : dict, optional
         fsspec options for remote URLs.
 

@@ -323,7 +323,10 @@ class SparsifiedProgram(Program):
             d["stats"] = [{k: float(v) for k, v in p.items() if v is not None}
                           for p in partials]
             d["objective"] = self._objective(partials, d["point"])
-            d["best"] = d["start"] = d["objective"]
+            d["best"] = d["objective"]
+            # the objective at zero, the scale divergence is judged against (a warm start,
+            # e.g. partial_fit, may begin near the optimum: only non-finite values count then)
+            d["start"] = d["objective"] if self.x0 is None else None
             d["upload"] = [0] * len(partials)
             return None
         g = self.estimate(partials)
@@ -395,7 +398,8 @@ class SparsifiedProgram(Program):
         d["objective"] = f
         # the objective (a loss plus a penalty, never negative) far above where the fit
         # started: the iterates diverge, though still finite -- not "no improvement"
-        if not math.isfinite(f) or f > DIVERGENCE_FACTOR * d["start"] > 0:
+        start = d.get("start")
+        if not math.isfinite(f) or (start is not None and f > DIVERGENCE_FACTOR * start > 0):
             d["diverged"] = True
             d["converged"] = True
             return
@@ -442,8 +446,7 @@ class SparsifiedProgram(Program):
         for name in ("step", "beta", "weights", "l", "L", "L_w", "A", "objective", "best",
                      "stats"):
             d[name] = state[name]
-        # checkpoints before the divergence check have no start: judge from the best
-        d["start"] = state.get("start", d["best"])
+        d["start"] = state.get("start")   # None in checkpoints from before the check
         d["upload"] = [0] * d["n_parts"]
         d["objective_at"] = d["objective"]
 
