@@ -73,3 +73,24 @@ def test_on_dask_workers_the_driver_blas_runs_on_one_thread(dask_client):
         assert seen == [[1] * len(before)] * 2
         # and the caller's setting is back afterwards
         assert _blas_threads() == before == [2] * len(before)
+
+
+@pytest.mark.dask
+def test_with_workers_in_this_process_the_blas_threads_are_left_alone():
+    """``processes=False``: the workers' pushes run in this process, whose BLAS is theirs."""
+    from distributed import Client, LocalCluster
+
+    from dmp.engine.backends.dask import DaskBackend
+
+    if not _blas_threads():
+        pytest.skip("numpy reports no BLAS library")
+    with threadpool_limits(limits=2, user_api="blas"), \
+            LocalCluster(n_workers=2, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster) as client:
+        backend = DaskBackend(client)
+        assert backend.workers_in_this_process()
+        try:
+            seen = _seen(backend)
+        finally:
+            backend.close()
+        assert seen == [[2] * len(_blas_threads())] * 2

@@ -197,6 +197,14 @@ class DaskBackend:
         self._last_step = None
         self._program = None
 
+    def workers_in_this_process(self) -> bool:
+        """Whether the cluster's workers run in the driver's own process (a ``LocalCluster``
+        with ``processes=False``: ``inproc://`` addresses)."""
+        try:
+            return any(str(a).startswith("inproc://") for a in cluster_workers(self.client))
+        except Exception:
+            return False
+
     @property
     def n_partitions(self) -> int:
         return self.n_workers
