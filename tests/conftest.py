@@ -32,6 +32,28 @@ def _keep_killed_workers_nannies():
         yield
 
 
+class ForeignFiles:
+    """A folder holding a user's file and a lone file beside it: things dmp must refuse to
+    delete or replace."""
+
+    def __init__(self, root):
+        self.folder = root / "notes"
+        self.folder.mkdir()
+        (self.folder / "a.txt").write_text("mine")
+        self.file = root / "file.txt"
+        self.file.write_text("mine too")
+        self.paths = (self.folder, self.file)
+
+    def untouched(self) -> bool:
+        return ((self.folder / "a.txt").read_text() == "mine"
+                and self.file.read_text() == "mine too")
+
+
+@pytest.fixture
+def foreign(tmp_path):
+    return ForeignFiles(tmp_path)
+
+
 def make_problem(n=150, p=600, density=0.05, seed=0, dense=False):
     rng = np.random.default_rng(seed)
     X = sp.random(n, p, density=density, random_state=seed, format="csc")

@@ -136,17 +136,12 @@ def test_a_stop_survives_a_worker_loss_while_rounds_are_in_flight(tmp_path):
     assert said == [25] and est.n_iter_ == 27   # round 26 was in flight when it stopped
 
 
-def test_clearing_a_location_that_is_not_a_checkpoint_store_is_refused(tmp_path):
+def test_clearing_a_location_that_is_not_a_checkpoint_store_is_refused(tmp_path, foreign):
     """``clear`` deletes a checkpoint store, never a folder or file of something else."""
-    folder = tmp_path / "notes"
-    folder.mkdir()
-    (folder / "a.txt").write_text("mine")
-    lone = tmp_path / "data.svm"
-    lone.write_text("1 1:2\n")
-    for path in (folder, lone):
+    for path in foreign.paths:
         with pytest.raises(FileExistsError, match="not a dmp checkpoint store"):
             CheckpointStore(path).clear()
-    assert (folder / "a.txt").read_text() == "mine" and lone.read_text() == "1 1:2\n"
+    assert foreign.untouched()
     store = CheckpointStore(tmp_path / "fit.zarr")
     store.clear()                      # nothing there: nothing to do
     store.begin(3, {"fit": 1})

@@ -89,7 +89,7 @@ def test_ccd_blocks_limit_what_is_in_flight(dask_client):
     assert max(h["bytes_pull"][1:].max(), h["bytes_push"][1:].max()) <= 1024
 
 
-def test_factors_store_written_by_the_workers(dask_client, tmp_path):
+def test_factors_store_written_by_the_workers(dask_client, tmp_path, foreign):
     tr, te = low_rank_ratings(n=80, m=60, k=2, density=0.3, seed=11)
     kw = dict(alpha=0.1, max_iter=3, tol=None, n_workers=2, random_state=0)
     ref = MatrixFactorization(3, backend="local", **kw).fit(tr)
@@ -99,14 +99,12 @@ def test_factors_store_written_by_the_workers(dask_client, tmp_path):
     np.testing.assert_array_equal(np.asarray(mf.user_factors_), ref.user_factors_)
     np.testing.assert_array_equal(np.asarray(mf.item_factors_), ref.item_factors_)
     np.testing.assert_array_equal(mf.predict(te.row, te.col), ref.predict(te.row, te.col))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["factors.zarr"]  # no temporaries
+    # no temporaries (beside the foreign files the fixture put there)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["factors.zarr", "file.txt", "notes"]
     # a second fit replaces its own store; anything else at the path is refused up front
     again = MatrixFactorization(3, backend=dask_client, factors_store=str(store), **kw).fit(tr)
     np.testing.assert_array_equal(np.asarray(again.user_factors_), ref.user_factors_)
-    notes = tmp_path / "notes"
-    notes.mkdir()
-    (notes / "a.txt").write_text("mine")
-    for other in (notes, tmp_path / "factors.zarr" / "zarr.json"):
+    for other in (*foreign.paths, tmp_path / "factors.zarr" / "zarr.json"):
         with pytest.raises(FileExistsError, match="is not a factors store"):
             MatrixFactorization(3, backend=dask_client, factors_store=str(other), **kw).fit(tr)
-    assert (notes / "a.txt").read_text() == "mine"
+    assert foreign.untouched()

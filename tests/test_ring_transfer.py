@@ -398,18 +398,23 @@ def test_batched_rounds_see_every_message_of_the_round_before(dask_client, stale
     assert all(rec["round_s"] >= max(rec["push_s"]) for rec in res.history)
 
 
+def _slow(seconds):
+    """An `AllToAll` whose every push sleeps ``seconds`` first."""
+    class Slow(AllToAll):
+        def push(self, s, plan):
+            time.sleep(seconds)
+            return super().push(s, plan)
+
+    return Slow()
+
+
 @pytest.mark.dask
 def test_batched_rounds_are_timed_when_they_ended_on_the_workers(dask_client):
     """The driver scores a batch's rounds only after the whole batch ran; their history time
     is when each ended on the workers (in order, never later than the driver saw them)."""
-    class Slow(AllToAll):
-        def push(self, s, plan):
-            time.sleep(0.004)
-            return super().push(s, plan)
-
     backend = _counting_backend(dask_client)
     try:
-        res = run(Slow(), backend, max_iter=60, checkpoint_every=1000)
+        res = run(_slow(0.004), backend, max_iter=60, checkpoint_every=1000)
     finally:
         backend.close()
     assert max(m for _, m in backend.calls) > 4
@@ -429,14 +434,9 @@ def test_batches_keep_their_size_with_a_batch_in_flight(dask_client, monkeypatch
 
     monkeypatch.setattr(runner, "BATCH_TARGET_S", 0.12)
 
-    class Slow(AllToAll):
-        def push(self, s, plan):
-            time.sleep(0.003)
-            return super().push(s, plan)
-
     backend = _counting_backend(dask_client)
     try:
-        run(Slow(), backend, max_iter=900, staleness=1, checkpoint_every=10_000)
+        run(_slow(0.003), backend, max_iter=900, staleness=1, checkpoint_every=10_000)
     finally:
         backend.close()
     settled = [m for _, m in backend.calls][6:-1]   # after the growth, without the rest

@@ -76,17 +76,12 @@ def test_a_path_holding_another_recipes_dataset_is_not_returned(tmp_path):
     assert build_dataset(other, path).shape == (40, 100)
 
 
-def test_overwrite_replaces_only_a_dataset(tmp_path):
+def test_overwrite_replaces_only_a_dataset(tmp_path, foreign):
     """``overwrite`` replaces a dmp dataset, never a folder or file of something else."""
-    notes = tmp_path / "notes"
-    notes.mkdir()
-    (notes / "a.txt").write_text("mine")
-    lone = tmp_path / "file.txt"
-    lone.write_text("mine too")
-    for path in (notes, lone):
+    for path in foreign.paths:
         with pytest.raises(FileExistsError, match="not a dmp dataset"):
             build_dataset(_tiny(), path, overwrite=True)
-    assert (notes / "a.txt").read_text() == "mine" and lone.read_text() == "mine too"
+    assert foreign.untouched()
     assert {"file.txt", "notes"} <= {p.name for p in tmp_path.iterdir()}
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
 
