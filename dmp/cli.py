@@ -168,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("pipeline", help="pipeline YAML file, e.g. pipelines/lasso.yaml")
     g = r.add_mutually_exclusive_group()
     g.add_argument("--scheduler", help="address of a running Dask scheduler (tcp://host:8786)")
-    g.add_argument("--workers", type=_int_at_least(1), help="worker processes of the embedded LocalCluster")
+    g.add_argument("--workers", type=_int_at_least(1),
+                   help="worker processes of the embedded LocalCluster")
     r.add_argument("--resume", action="store_true", help="continue from the last checkpoints")
     r.add_argument("--output", help="output folder (default: the pipeline's 'output')")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -195,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
             kp.add_argument("--storage-secret", default=None,
                             help="Secret with object-store credentials (env of job + workers)")
             kp.add_argument("--namespace", default=None)
-        kp.add_argument("--workers", type=_int_at_least(1), default=2, help="worker pods (default 2)")
+        kp.add_argument("--workers", type=_int_at_least(1), default=2,
+                        help="worker pods (default 2)")
         kp.add_argument("--image", default=DEFAULT_IMAGE, help=f"image (default {DEFAULT_IMAGE})")
         kp.add_argument("--memory", default="4Gi", help="memory per worker (default 4Gi)")
         kp.add_argument("--cpu", default="1", help="CPU request per worker (default 1)")

@@ -455,12 +455,12 @@ def _check_output(out: Path) -> None:
             f"({', '.join(other[:5])}); it is left alone -- move them or choose another output")
 
 
-def _remove_checkpoints(stores, root: str, root_existed: bool) -> None:
-    """After a successful run: its own checkpoint stores, and the (local) root folder if
-    this run created it and nothing else is in it."""
+def _remove_checkpoints(stores, root: str, keep_root: bool) -> None:
+    """After a successful run: its own checkpoint stores, and the root folder unless
+    ``keep_root`` (it is removed only if nothing else is in it)."""
     for store in stores:
         store.clear()
-    if not root_existed:
+    if not keep_root:
         try:
             os.rmdir(root)
         except OSError:
@@ -485,10 +485,10 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
     if not is_remote(ckpt_root) and Path(ckpt_root).is_relative_to(out):
         raise PipelineError(f"checkpoints {ckpt_root!r} must not be inside the output folder "
                             f"{str(out)!r} (the output is replaced as a whole)")
-    # a local root is removed afterwards if it is dmp's default one or this run created it
-    # (an object store has no folders to leave behind)
-    root_existed = is_remote(ckpt_root) or (os.path.lexists(ckpt_root)
-                                            and bool(spec.get("checkpoints")))
+    # a local root is removed afterwards (when empty) if it is dmp's default one or this run
+    # creates it; an object store has no folders to leave behind
+    keep_root = is_remote(ckpt_root) or (os.path.lexists(ckpt_root)
+                                         and bool(spec.get("checkpoints")))
     stores = []
     ds = _open_data(spec)
     log(f"dataset: {ds}")
@@ -623,7 +623,7 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp_out, out)
-        _remove_checkpoints(stores, ckpt_root, root_existed)
+        _remove_checkpoints(stores, ckpt_root, keep_root)
         log(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
         return metrics
     finally:

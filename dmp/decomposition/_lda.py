@@ -15,9 +15,9 @@ from sklearn.utils.validation import check_is_fitted
 
 from ..engine import resolve_backend, run
 from ..engine.runner import history_arrays
+from ..io.sparse import require_store_kind
 from ..linear_model._lasso import seed_from
 from ..utils.estimator import SharedBackendMixin
-from ..io.sparse import require_store_kind
 from . import _lda_kernels as K
 from ._lda_program import LDAProgram
 

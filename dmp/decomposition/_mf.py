@@ -17,10 +17,10 @@ from sklearn.utils.validation import check_is_fitted
 
 from ..engine import resolve_backend, run
 from ..engine.runner import history_arrays
+from ..io.sparse import _group_has_attrs, require_store_kind
 from ..kernels import mf as K
 from ..linear_model._lasso import seed_from
 from ..utils.estimator import SharedBackendMixin
-from ..io.sparse import require_store_kind
 from ._mf_program import MFProgram, auto_block_size
 
 
@@ -51,17 +51,10 @@ def _check_factors_store(path) -> None:
     (replaced) -- never a file or a folder of something else."""
     import os
 
-    import zarr
-
     path = os.path.abspath(os.fspath(path))
     if not os.path.lexists(path) or (os.path.isdir(path) and not os.listdir(path)):
         return
-    try:
-        attrs = zarr.open_group(path, mode="r", zarr_format=3).attrs
-        ours = "user_starts" in attrs and "item_starts" in attrs
-    except Exception:
-        ours = False
-    if not ours:
+    if not _group_has_attrs(path, None, "user_starts", "item_starts"):
         raise FileExistsError(f"factors_store {path!r} exists and is not a factors store of "
                               f"an earlier fit; refusing to replace it (choose another path)")
 

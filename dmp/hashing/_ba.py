@@ -16,10 +16,9 @@ from ..engine import resolve_backend, run
 from ..engine.runner import history_arrays
 from ..io.dense import (DenseDataset, InMemoryDenseDataset, _check_dense, append_dense_shard,
                         write_dense)
-from ..io.sparse import _is_dask
+from ..io.sparse import _is_dask, require_store_kind
 from ..linear_model._lasso import seed_from
 from ..utils.estimator import SharedBackendMixin
-from ..io.sparse import require_store_kind
 from ._parmac import ParMACProgram
 from ._retrieval import euclidean_neighbors, pack_codes
 

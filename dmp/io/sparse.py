@@ -339,12 +339,19 @@ def require_store_kind(X, kinds: tuple, estimator: str) -> None:
                        f"{getattr(X, 'path', 'the dataset')!r} is {STORE_KINDS.get(kind, kind)}")
 
 
-def _is_dmp_dataset(path: str, storage_options) -> bool:
-    """Whether ``path`` holds a dmp dataset (a Zarr group whose attributes say so)."""
+def _group_has_attrs(path, storage_options, *names) -> bool:
+    """Whether ``path`` holds a Zarr group with all the attributes ``names`` (how dmp tells
+    its own stores from anything else before replacing or deleting them)."""
     try:
-        return "dmp_format" in _open_group(path, storage_options, mode="r").attrs
+        attrs = _open_group(os.fspath(path), storage_options, mode="r").attrs
+        return all(name in attrs for name in names)
     except Exception:
         return False
+
+
+def _is_dmp_dataset(path: str, storage_options) -> bool:
+    """Whether ``path`` holds a dmp dataset (a Zarr group whose attributes say so)."""
+    return _group_has_attrs(path, storage_options, "dmp_format")
 
 
 def _check_dest(path: str, storage_options, overwrite: bool) -> None:

@@ -17,9 +17,9 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..engine import resolve_backend, run
 from ..engine.runner import history_arrays
+from ..io.sparse import require_store_kind
 from ..utils.data import InMemorySparseDataset
 from ..utils.estimator import SharedBackendMixin
-from ..io.sparse import require_store_kind
 from ._lasso_program import LassoProgram
 
 

@@ -18,8 +18,8 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..engine import resolve_backend, run
 from ..engine.runner import history_arrays
-from ..utils.estimator import SharedBackendMixin
 from ..io.sparse import require_store_kind
+from ..utils.estimator import SharedBackendMixin
 from ._lasso import seed_from
 from ._sparsified_program import SparsifiedProgram, block_bounds
 
