@@ -354,9 +354,12 @@ def _hashing_report(out: Path, spec, ds, fitted, cmp_key, log) -> dict:
         report["speedup"] = sp
         grid = np.unique(np.geomspace(1, 128, 30).astype(int))
         T1 = parmac_time(1, **sp["costs"])
+        top = max(by_workers)
         plot_speedup(sp["measured_speedup"],
                      (grid, [T1 / parmac_time(int(P), **sp["costs"]) for P in grid]),
-                     path=str(out / "speedup.png"))
+                     path=str(out / "speedup.png"),
+                     fitted_from=f"one 1-worker fit (compute) and one {top}-worker fit "
+                                 f"(hand-over, per round)" if top > 1 else "one 1-worker fit")
         for P, s in sp["measured_speedup"].items():
             log(f"  speed-up with {P} workers: measured {s:.2f}, model "
                 f"{sp['predicted_speedup'][P]:.2f}")
@@ -365,6 +368,17 @@ def _hashing_report(out: Path, spec, ds, fitted, cmp_key, log) -> dict:
         g.create_array(name.rstrip("_"), data=np.asarray(getattr(main, name)))
     g.attrs.update({"estimator": type(main).__name__, "n_bits": int(main.coef_.shape[0])})
     return report
+
+
+def _loop_times(est, wall_s) -> dict:
+    """The fit's time in the round loop (what the figures' time axes show: the last round's
+    ``time``) and the rest of its wall time (loading the data, setting up the partitions,
+    collecting the result), beside ``wall_time_s``.  A resumed fit's loop time includes the
+    rounds before the resume; its setup time is then not known (None)."""
+    t = np.asarray(getattr(est, "round_history_", est.history_).get("time", []), dtype=float)
+    loop = float(t[-1]) if len(t) else 0.0
+    rest = wall_s - loop
+    return {"round_loop_time_s": loop, "setup_time_s": rest if rest >= 0 else None}
 
 
 def _summary(est, wall_s, reference=None, ds=None):
@@ -543,7 +557,7 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
             t0 = time.perf_counter()
             est.fit(ds)
             wall = time.perf_counter() - t0
-            runs[label] = _summary(est, wall, reference, ds)
+            runs[label] = {**_summary(est, wall, reference, ds), **_loop_times(est, wall)}
             histories[label] = getattr(est, "round_history_", est.history_)
             fitted[label] = est
             if hasattr(est, "decoder_coef_"):
@@ -561,7 +575,8 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
             else:
                 extra = f"blocks uploaded {runs[label]['blocks_uploaded']}"
             log(f"  objective {runs[label]['objective']:.10g}  {extra}  rounds "
-                f"{runs[label]['rounds']}  {wall:.2f}s")
+                f"{runs[label]['rounds']}  {wall:.2f}s "
+                f"({runs[label]['round_loop_time_s']:.2f}s in the round loop)")
         metrics = {
             "pipeline": spec["name"], "dataset": str(getattr(ds, "path", ds)),
             "shape": list(ds.shape), "nnz": int(ds.nnz), "n_workers": n_workers,
@@ -572,37 +587,35 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
         }
         tmp_out.mkdir(parents=True)
         main = fitted[next(iter(fitted))]
-        from .plotting import plot_convergence, plot_rmse, plot_suboptimality
+        from .plotting import plot_convergence, plot_loglik, plot_rmse, plot_suboptimality
 
         labelled = {f"{cmp_key}={k}" if cmp_key else k: h for k, h in histories.items()}
+        walls = {f"{cmp_key}={k}" if cmp_key else k: r["wall_time_s"] for k, r in runs.items()}
         if hasattr(main, "decoder_coef_"):
             metrics["hashing"] = _hashing_report(tmp_out, spec, ds, fitted, cmp_key, log)
         elif hasattr(main, "topic_word_counts_"):
-            from .plotting import plot_training as _plot
-
             _write_topics(tmp_out, main, ds)
-            _plot(next(iter(labelled.values())), path=str(tmp_out / "convergence.png"),
-                  metric="ll_per_token", title="log-likelihood per token")
+            plot_loglik(labelled, path=str(tmp_out / "convergence.png"), wall_time=walls)
         elif hasattr(main, "user_factors_"):
             _write_factors(tmp_out / "factors.zarr", main)
             tests = {f"{cmp_key}={k}" if cmp_key else k: r["test_rmse"]
                      for k, r in runs.items() if r["test_rmse"] is not None}
-            plot_rmse(labelled, path=str(tmp_out / "rmse.png"), test_rmse=tests)
-            plot_convergence(labelled, path=str(tmp_out / "convergence.png"))
+            plot_rmse(labelled, path=str(tmp_out / "rmse.png"), test_rmse=tests,
+                      wall_time=walls)
+            plot_convergence(labelled, path=str(tmp_out / "convergence.png"), wall_time=walls)
         elif est_spec["class"] in _SPARSIFIED:
             _write_coef(tmp_out / "coef.zarr", main)
-            best = min(float(np.nanmin(h["objective"])) for h in histories.values())
-            plot_suboptimality(labelled, reference=reference if reference is not None
-                               else best, path=str(tmp_out / "convergence.png"))
+            plot_suboptimality(labelled, reference=reference,
+                               path=str(tmp_out / "convergence.png"))
         else:
             _write_coef(tmp_out / "coef.zarr", main)
-            plot_convergence(labelled, path=str(tmp_out / "convergence.png"))
+            plot_convergence(labelled, path=str(tmp_out / "convergence.png"), wall_time=walls)
         from .plotting import plot_training
 
         for label, h in labelled.items():
             safe = re.sub(r"[^A-Za-z0-9_.+=-]+", "_", label)
             plot_training(h, path=str(tmp_out / f"training-{safe}.png"),
-                          title=f"{est_spec['class']} {label}",
+                          title=f"{est_spec['class']} {label}" if cmp_key else label,
                           metric=next(m for m in ("ll_per_token", "E_BA", "objective")
                                       if m in h))
         with open(tmp_out / "metrics.json", "w") as f:
