@@ -284,8 +284,10 @@ def plot_rmse(histories: dict, *, path=None, test_rmse=None, wall_time=None):
             y = np.asarray(h[key], dtype=float)
             if not np.isfinite(y).any():
                 continue
-            name = f"{_fit_label(label, wall_time) if n_line == 0 else label} " \
-                   f"{key.split('_')[0]}"
+            name = f"{label} {key.split('_')[0]}"
+            if n_line == 0:   # the whole fit's time once per run
+                name = _fit_label(name, {name: wall_time[label]}
+                                  if wall_time and label in wall_time else None)
             n_line += 1
             axes[0].plot(t, y, style, color=color, label=name)
             axes[1].plot(frac, y, style, color=color, label=name)

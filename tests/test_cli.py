@@ -319,6 +319,9 @@ def test_dmp_run_lda_pipeline_on_a_text_corpus(tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())
     run = metrics["runs"]["LatentDirichletAllocation"]
     assert run["sweeps"] == 30 and run["bytes"]["ring"] > 0 and run["ll_per_token"] < 0
+    # the figures' time axis (the round loop) and the setup around it, beside the wall time
+    assert 0 < run["round_loop_time_s"] < run["wall_time_s"]
+    assert run["round_loop_time_s"] + run["setup_time_s"] == pytest.approx(run["wall_time_s"])
     lines = (out / "top_words.txt").read_text().splitlines()
     assert len(lines) == 4
     # the four themes of datasets/tiny_corpus.txt come out as the four topics

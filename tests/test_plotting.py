@@ -202,3 +202,36 @@ def test_suboptimality_without_reference_leaves_out_the_best_point():
     (line,) = fig.axes[0].lines
     np.testing.assert_allclose(line.get_ydata(), (f[:-1] - f[-1]) / f[-1])
     assert "best seen" in fig.axes[0].get_title()
+
+
+def test_a_real_lasso_history_and_its_timing_fields():
+    """A fitted Lasso's ``history_`` marks its gap rounds (``kind``), the convergence figure
+    draws one gap point per computation and never reaches zero, and the pipeline's timing
+    fields split the fit's wall time into the round loop (the figures' time axis) and the
+    rest."""
+    import time
+
+    from conftest import alpha_max, make_problem
+
+    from dmp.linear_model import Lasso
+    from dmp.pipeline import _loop_times
+
+    X, y = make_problem(n=200, p=600, density=0.05, seed=1)
+    est = Lasso(alpha=0.05 * alpha_max(X, y), tol=1e-8, random_state=0, n_workers=2,
+                backend="local", show_progress=False)
+    t0 = time.perf_counter()
+    est.fit(X, y)
+    wall = time.perf_counter() - t0
+    h = est.history_
+    kind = np.asarray(h["kind"]).astype(str)
+    assert (kind == "gap").sum() >= 2
+    fig = plot_convergence({"Lasso": h})
+    (gap_line,) = fig.axes[1].lines
+    at = (kind == "gap") & np.isfinite(np.asarray(h["dual_gap"], dtype=float))
+    np.testing.assert_allclose(gap_line.get_xdata(), np.asarray(h["time"])[at])
+    assert gap_line.get_ydata()[-1] == pytest.approx(est.dual_gap_)
+    assert min(fig.axes[0].lines[0].get_ydata()) > 1e-14
+    times = _loop_times(est, wall)
+    assert times["round_loop_time_s"] == float(h["time"][-1]) > 0
+    assert times["setup_time_s"] == pytest.approx(wall - times["round_loop_time_s"])
+    assert times["setup_time_s"] >= 0
