@@ -354,12 +354,13 @@ def _hashing_report(out: Path, spec, ds, fitted, cmp_key, log) -> dict:
         report["speedup"] = sp
         grid = np.unique(np.geomspace(1, 128, 30).astype(int))
         T1 = parmac_time(1, **sp["costs"])
-        top = max(by_workers)
+        src = sp["costs_measured_with_workers"]
         plot_speedup(sp["measured_speedup"],
                      (grid, [T1 / parmac_time(int(P), **sp["costs"]) for P in grid]),
                      path=str(out / "speedup.png"),
-                     fitted_from=f"one 1-worker fit (compute) and one {top}-worker fit "
-                                 f"(hand-over, per round)" if top > 1 else "one 1-worker fit")
+                     fitted_from="one 1-worker fit (compute)" + (
+                         f" and one {src['t_c']}-worker fit (hand-over, per round)"
+                         if src["t_c"] > 1 else ""))
         for P, s in sp["measured_speedup"].items():
             log(f"  speed-up with {P} workers: measured {s:.2f}, model "
                 f"{sp['predicted_speedup'][P]:.2f}")

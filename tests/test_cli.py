@@ -361,6 +361,8 @@ def test_dmp_run_parmac_pipeline(tmp_path, capsys):
     sp = rep["speedup"]
     assert set(sp["measured_speedup"]) == {"1", "2"} and "128" in sp["predicted_speedup"]
     assert all(v > 0 for v in sp["costs"].values())
+    # what the model (and speedup.png's legend) is fitted from: one fit of each size
+    assert sp["costs_measured_with_workers"] == {"t_w": 1, "t_z": 1, "t_c": 2, "t_round": 2}
     h = zarr.open_group(str(out / "hash.zarr"), mode="r")
     assert h["coef"].shape == (16, 64) and h["decoder_coef"].shape == (64, 16)
     for png in ("retrieval.png", "convergence.png", "speedup.png"):

@@ -82,7 +82,11 @@ def speedup_report(fits: dict, predict_for=(128,)) -> dict:
     predicted = {P: model[1] / model[P] for P in model}
     # the model's structure alone: each fit's time from the costs measured in that fit
     own = {P: parmac_time(P, **per_fit[P]) for P in sorted(fits)}
-    return {"costs": costs, "iteration_s": T, "model_iteration_s": model,
+    # the worker count of the fit each of the model's times was measured in: one fit each,
+    # so the curve beyond the largest of them is an extrapolation from single measurements
+    sources = {key: top if key in ("t_c", "t_round") and top > 1 else 1
+               for key in ("t_w", "t_z", "t_c", "t_round")}
+    return {"costs": costs, "costs_measured_with_workers": sources, "iteration_s": T, "model_iteration_s": model,
             "model_own_costs_s": own, "per_fit_costs": per_fit,
             "measured_speedup": measured, "predicted_speedup": predicted,
             "relative_error": {P: (measured[P] - predicted[P]) / predicted[P]
