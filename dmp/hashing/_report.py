@@ -86,7 +86,8 @@ def speedup_report(fits: dict, predict_for=(128,)) -> dict:
     # so the curve beyond the largest of them is an extrapolation from single measurements
     sources = {key: top if key in ("t_c", "t_round") and top > 1 else 1
                for key in ("t_w", "t_z", "t_c", "t_round")}
-    return {"costs": costs, "costs_measured_with_workers": sources, "iteration_s": T, "model_iteration_s": model,
+    return {"costs": costs, "costs_measured_with_workers": sources,
+            "iteration_s": T, "model_iteration_s": model,
             "model_own_costs_s": own, "per_fit_costs": per_fit,
             "measured_speedup": measured, "predicted_speedup": predicted,
             "relative_error": {P: (measured[P] - predicted[P]) / predicted[P]
