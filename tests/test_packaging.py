@@ -32,7 +32,9 @@ def test_recipes_are_package_data():
         raw = yaml.safe_load(path.read_text()).get("source")
         if isinstance(raw, str) and (path.parent / raw).is_file():   # a file beside its recipe
             assert Path(recipe["source"]) == path.parent / raw
-    assert not (REPO / "datasets").exists(), "the recipes live in dmp/datasets only"
+    stray = sorted(p.name for p in (REPO / "datasets").glob("*"))
+    assert not stray, f"datasets/ holds {stray}: recipes and their files go in dmp/datasets/ " \
+        "(package data), where an installed dmp finds them"
 
 
 def test_unknown_recipe_lists_the_shipped_ones():
