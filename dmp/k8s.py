@@ -184,10 +184,20 @@ def render_cluster(*, name: str = "dmp", workers: int = 2, image: str = DEFAULT_
                                  cpu=cpu, pvc=pvc)}
 
 
+class _PlainDumper(yaml.SafeDumper):
+    """Writes an object used twice (the scheduler's two probes share one dict) in full both
+    times: users read and edit these manifests, and ``&id001`` / ``*id001`` only confuse."""
+
+    def ignore_aliases(self, data):
+        return True
+
+
 def to_yaml(docs) -> str:
+    """One or more manifests as plain YAML documents (no anchors or aliases)."""
     if isinstance(docs, dict):
         docs = [docs]
-    return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False, width=100)
+    return yaml.dump_all(docs, Dumper=_PlainDumper, sort_keys=False, default_flow_style=False,
+                         width=100)
 
 
 def autoscaler(*, cluster: str = "dmp", minimum: int = 2, maximum: int = 8) -> dict:

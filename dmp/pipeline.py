@@ -3,7 +3,7 @@
 A pipeline is a YAML file::
 
     name: lasso
-    dataset: lasso_sparse_a        # recipe name (datasets/), recipe file, or a Zarr dataset path
+    dataset: lasso_sparse_a        # recipe name (dmp/datasets/), recipe file, or a Zarr dataset path
     estimator:
       class: Lasso
       params: {alpha_ratio: 0.01, tol: 1.0e-6}   # alpha_ratio: alpha = ratio * alpha_max
@@ -227,8 +227,8 @@ def _open_data(spec):
     p = Path(ref)
     if not p.is_absolute():
         here = Path(spec["_path"]).parent
-        # a recipe name: the datasets/ folder beside the pipeline's folder comes first (an
-        # installed dmp, e.g. in the container image, has no repository around it)
+        # a recipe name: a datasets/ folder beside the pipeline's folder (a user's project)
+        # comes before the recipes shipped in dmp/datasets/
         candidates = [here / ref]
         if "/" not in str(ref) and not p.suffix:
             candidates.append(here.parent / "datasets" / f"{ref}.yaml")

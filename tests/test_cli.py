@@ -159,7 +159,7 @@ def test_data_errors_speak_the_command_line(tmp_path, capsys):
     assert main(["data", "make", "no_such_recipe"]) == 2
     err = capsys.readouterr().err
     assert "unknown recipe 'no_such_recipe'" in err and "lasso_small" in err
-    src = REPO / "datasets" / "sample.svm"
+    src = REPO / "dmp" / "datasets" / "sample.svm"
     dest = tmp_path / "s.zarr"
     assert main(["data", "convert", "svmlight", str(src), str(dest)]) == 0
     assert main(["data", "convert", "svmlight", str(src), str(dest)]) == 2
@@ -251,7 +251,7 @@ def test_pipeline_errors_name_the_line(tmp_path, edit, line, words):
 
 def test_data_make_convert_info(tmp_path, capsys):
     dest = tmp_path / "sample.zarr"
-    assert main(["data", "convert", "svmlight", str(REPO / "datasets" / "sample.svm"),
+    assert main(["data", "convert", "svmlight", str(REPO / "dmp" / "datasets" / "sample.svm"),
                  str(dest), "--shards", "2"]) == 0
     ds = open_dataset(dest)
     assert ds.n_shards == 2 and ds.n_samples == 20

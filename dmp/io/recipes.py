@@ -78,7 +78,8 @@ _KEYS = {"name", "generator", "convert", "source", "params", "n_shards", "descri
          "layout"}
 _LAYOUTS = ("columns", "rows", "dense")
 _FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
-_REPO_DATASETS = Path(__file__).resolve().parents[2] / "datasets"
+# package data (pyproject.toml), so that an installed dmp has its recipes too
+_RECIPES_DIR = Path(__file__).resolve().parents[1] / "datasets"
 
 
 def default_cache_dir() -> Path:
@@ -108,8 +109,8 @@ def load_recipe(path_or_dict) -> dict:
     Parameters
     ----------
     path_or_dict : str, os.PathLike or dict
-        A YAML file, a bare recipe name found in the repository's ``datasets/``
-        directory, or an already parsed recipe.
+        A YAML file, the bare name of a recipe shipped with dmp (``dmp/datasets/``,
+        e.g. ``"tiny_corpus"``), or an already parsed recipe.
 
     Returns
     -------
@@ -132,12 +133,12 @@ def load_recipe(path_or_dict) -> dict:
     else:
         p = Path(os.fspath(path_or_dict)).expanduser()
         if not p.exists() and p.suffix == "" and len(p.parts) == 1:
-            cand = _REPO_DATASETS / f"{p}.yaml"
+            cand = _RECIPES_DIR / f"{p}.yaml"
             if cand.exists():
                 p = cand
         if not p.is_file():
             if p.suffix == "" and len(p.parts) == 1:
-                known = sorted(f.stem for f in _REPO_DATASETS.glob("*.yaml"))
+                known = sorted(f.stem for f in _RECIPES_DIR.glob("*.yaml"))
                 raise FileNotFoundError(f"unknown recipe {str(p)!r}: neither a recipe file nor "
                                         f"one of dmp's ({', '.join(known)})")
             raise FileNotFoundError(f"recipe file {str(p)!r} does not exist")

@@ -10,7 +10,7 @@ import yaml
 import dmp.io.synthetic as synthetic
 from dmp.io import build_dataset, default_cache_dir, load_recipe, make_sparse_lasso
 
-REPO_DATASETS = Path(__file__).resolve().parents[2] / "datasets"
+REPO_DATASETS = Path(__file__).resolve().parents[2] / "dmp" / "datasets"
 
 
 @pytest.fixture(autouse=True)

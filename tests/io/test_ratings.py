@@ -21,7 +21,7 @@ from dmp.io import (DatasetError, InMemoryRatingsDataset, RatingsDataset, build_
                     convert_ratings, load_recipe, make_ratings, open_dataset,
                     read_ratings_file, write_ratings)
 
-REPO_DATASETS = Path(__file__).resolve().parents[2] / "datasets"
+REPO_DATASETS = Path(__file__).resolve().parents[2] / "dmp" / "datasets"
 SPLITS = ("train", "valid", "test")
 
 
