@@ -253,7 +253,11 @@ class DaskBackend:
         `WorkerLostError` instead of waiting forever."""
         while True:
             try:
-                return fut.result(timeout=CREATE_POLL_S)
+                # the actor proxy binds to the current client as it is unpickled: without
+                # this, to the default client (another cluster's, or none when this client
+                # was made with set_as_default=False: every call then failed)
+                with self.client.as_current():
+                    return fut.result(timeout=CREATE_POLL_S)
             except TimeoutError:
                 if not fut.done():
                     gone = set(targets) - set(_identity_workers(self.client))
