@@ -182,6 +182,24 @@ def test_monitor_served_on_the_dashboard_only(tls):
                                timeout=5)
 
 
+def test_the_embedded_cluster_of_dmp_run_listens_on_loopback_only():
+    """``dmp run``'s own cluster (and so its dashboard, ``/dmp`` and ``/metrics``) is not
+    reachable from other machines: it bound its dashboard to every interface."""
+    from dmp.pipeline import _start_cluster
+
+    ours = _listening(os.getpid())
+    client, cluster = _start_cluster({}, None, 1)
+    try:
+        listening = _cluster_listening(client)
+        listening[os.getpid()] -= ours      # the module's TLS cluster lives here too
+        dashboard = cluster.scheduler.http_server.port
+        assert ("127.0.0.1", dashboard) in listening[os.getpid()]
+        assert {host for pairs in listening.values() for host, _ in pairs} == {"127.0.0.1"}
+    finally:
+        client.close()
+        cluster.close()
+
+
 # --- the command line against a TLS scheduler started from the command line -------------
 
 RECIPE = """\
