@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -66,6 +65,16 @@ def test_the_cluster_is_tls_throughout(tls):
     workers = client.scheduler_info()["workers"]
     assert len(workers) == 2 and all(a.startswith("tls://") for a in workers)
 
+
+def test_connect_takes_security_and_refuses_a_tls_address_without(tls):
+    from dmp.engine.backends.dask import cluster_workers, connect
+
+    _, cluster, _ = tls
+    with pytest.raises(ValueError, match="uses TLS but no client certificate is set"):
+        connect(cluster.scheduler_address, set_as_default=False)
+    with connect(cluster.scheduler_address, security=cluster.security,
+                 set_as_default=False) as client:
+        assert len(cluster_workers(client)) == 2
 
 def test_lasso(tls):
     from dmp.linear_model import Lasso

@@ -63,9 +63,8 @@ def _client_security(address: str, security):
     for field, value in given.items():
         # a value with a newline is the PEM text itself (Security.temporary() gives those)
         if value and "\n" not in value and not os.path.isfile(value):
-            name, env = TLS_SETTINGS[field]
             raise ValueError(f"TLS {field[4:].replace('_', ' ')} {value!r} (Dask setting "
-                             f"{name}) does not exist")
+                             f"{TLS_SETTINGS[field][0]}) does not exist")
     try:
         context = security.get_connection_args("client")["ssl_context"]
     except (OSError, ssl.SSLError, ValueError) as exc:
