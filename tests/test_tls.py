@@ -424,3 +424,25 @@ def test_tls_settings_that_cannot_work_are_one_line_errors(tls_cli, capsys, tmp_
     err = _one_line_error(capsys)
     assert f"cannot reach the Dask scheduler at {address!r}" in err
     assert time.perf_counter() - t0 < 30 and not out.exists()
+
+
+def test_backend_client_is_used_while_another_cluster_s_client_is_the_default(tls, tls_cli):
+    """``backend=client`` fits on that client's cluster even when the default client is one
+    of another cluster (with other credentials): the actor proxies were bound to the
+    default client."""
+    from distributed import Client
+    from distributed.security import Security
+
+    from dmp.linear_model import Lasso
+
+    client, cluster, _ = tls
+    creds = tls_cli["creds"]
+    sec = Security(tls_ca_file=creds["ca"], tls_client_cert=creds["cert"],
+                   tls_client_key=creds["key"], require_encryption=True)
+    X, y = make_problem(n=60, p=200, seed=5)
+    kw = dict(alpha=0.05 * alpha_max(X, y), tol=1e-8, random_state=0, n_workers=2)
+    local = Lasso(backend="local", **kw).fit(X, y)
+    with Client(tls_cli["address"], security=sec, timeout="30s") as default:
+        assert Client.current() is default
+        remote = Lasso(backend=client, **kw).fit(X, y)
+    np.testing.assert_allclose(remote.coef_, local.coef_, rtol=0, atol=1e-13)
