@@ -7,22 +7,61 @@ import logging
 import sys
 
 
+#: dest: (option, the Dask setting it gives, help)
+_TLS_OPTIONS = {
+    "tls_ca_file": ("--tls-ca-file", "distributed.comm.tls.ca-file",
+                    "CA certificate(s) the scheduler's certificate is signed by"),
+    "tls_cert": ("--tls-cert", "distributed.comm.tls.client.cert", "the client's certificate"),
+    "tls_key": ("--tls-key", "distributed.comm.tls.client.key", "the client's private key"),
+}
+
+
+def _tls_config(args, address) -> dict:
+    """The Dask settings the ``--tls-*`` options give (checked against ``address``): the
+    client then takes them like any other Dask TLS configuration."""
+    given = {dest: getattr(args, dest) for dest in _TLS_OPTIONS
+             if getattr(args, dest) is not None}
+    if not given:
+        return {}
+    options = ", ".join(_TLS_OPTIONS[d][0] for d in given)
+    if address is None:
+        raise ValueError(f"{options}: only for --scheduler tls://host:port (the embedded "
+                         f"cluster does not use TLS)")
+    if not str(address).startswith(("tls://", "wss://")):
+        raise ValueError(f"{options} given for the scheduler address {address!r}, which is "
+                         f"not a TLS one: use tls://host:port")
+    return {_TLS_OPTIONS[d][1]: value for d, value in given.items()}
+
+
+def _add_tls_options(parser) -> None:
+    for dest, (opt, key, what) in _TLS_OPTIONS.items():
+        parser.add_argument(opt, dest=dest, metavar="PEM",
+                            help=f"tls:// scheduler: {what} (default Dask's {key})")
+
+
 def _cmd_run(args) -> int:
+    import dask
+
     from .pipeline import load_pipeline, run_pipeline
 
+    tls = _tls_config(args, args.scheduler)
     spec = load_pipeline(args.pipeline)
-    run_pipeline(spec, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
-                 output=args.output, show_progress=not args.no_progress)
+    with dask.config.set(tls):
+        run_pipeline(spec, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
+                     output=args.output, show_progress=not args.no_progress)
     return 0
 
 
 def _cmd_monitor(args) -> int:
+    import dask
+
     from .monitor import follow
 
     if args.timeout is not None and args.timeout <= 0:
         raise ValueError(f"--timeout must be positive, got {args.timeout}")
-    follow(args.address, exit_when_done=args.exit_when_done, timeout=args.timeout,
-           interval=args.interval)
+    with dask.config.set(_tls_config(args, args.address)):
+        follow(args.address, exit_when_done=args.exit_when_done, timeout=args.timeout,
+               interval=args.interval)
     return 0
 
 
@@ -167,21 +206,26 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run a pipeline (dataset -> fit -> metrics, plot, model)")
     r.add_argument("pipeline", help="pipeline YAML file, e.g. pipelines/lasso.yaml")
     g = r.add_mutually_exclusive_group()
-    g.add_argument("--scheduler", help="address of a running Dask scheduler (tcp://host:8786)")
+    g.add_argument("--scheduler", help="address of a running Dask scheduler (tcp://host:8786, "
+                                      "or tls://host:8786 with the --tls-* options or Dask's "
+                                      "TLS configuration)")
     g.add_argument("--workers", type=_int_at_least(1),
                    help="worker processes of the embedded LocalCluster")
     r.add_argument("--resume", action="store_true", help="continue from the last checkpoints")
     r.add_argument("--output", help="output folder (default: the pipeline's 'output')")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_tls_options(r)
     r.set_defaults(func=_cmd_run)
 
     mo = sub.add_parser("monitor", help="follow the dmp fits running on a Dask cluster")
-    mo.add_argument("address", help="scheduler address, e.g. tcp://127.0.0.1:8786")
+    mo.add_argument("address", help="scheduler address, e.g. tcp://127.0.0.1:8786 (tls://... "
+                                    "with the --tls-* options or Dask's TLS configuration)")
     mo.add_argument("--exit-when-done", action="store_true",
                     help="return once a fit was followed and none is running any more")
     mo.add_argument("--timeout", type=float, default=None, help="return after this many seconds")
     mo.add_argument("--interval", type=float, default=1.0,
                     help="seconds between progress lines of one fit (default 1)")
+    _add_tls_options(mo)
     mo.set_defaults(func=_cmd_monitor)
 
     k = sub.add_parser("k8s", help="Kubernetes manifests for the Dask operator")

@@ -254,7 +254,8 @@ def _start_cluster(spec, scheduler, workers):
     # the embedded cluster's workers use every core: keep Dask's housekeeping quiet
     cluster = quiet_local_cluster(int(n), threads_per_worker=int(c.get("threads_per_worker", 1)),
                                   memory_limit=c.get("memory_limit", "auto"),
-                                  dashboard_address=":0", silence_logs=logging.WARNING)
+                                  dashboard_address="127.0.0.1:0",    # not on the network
+                                  silence_logs=logging.WARNING)
     return Client(cluster), cluster
 
 

@@ -29,14 +29,84 @@ QUIET_DASK_CONFIG = {"distributed.admin.tick.interval": "200ms",
                      "distributed.worker.profile.enabled": False}
 
 
-def connect(address: str, *, timeout: str = "5s", set_as_default: bool = True):
+#: Dask's client TLS settings and the environment variables that set them
+TLS_SETTINGS = {"tls_ca_file": ("distributed.comm.tls.ca-file",
+                                "DASK_DISTRIBUTED__COMM__TLS__CA_FILE"),
+                "tls_client_cert": ("distributed.comm.tls.client.cert",
+                                    "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT"),
+                "tls_client_key": ("distributed.comm.tls.client.key",
+                                   "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY")}
+
+
+def _client_security(address: str, security):
+    """The ``Security`` a client of the TLS scheduler at ``address`` uses: ``security``, or
+    Dask's configuration (``distributed.comm.tls.*``: a config YAML or
+    ``DASK_DISTRIBUTED__COMM__TLS__*`` variables), checked to give a TLS context *before* a
+    client exists (distributed otherwise fails inside its connect with a bare
+    ``TypeError: TLS expects a `ssl_context` argument``)."""
+    import os
+    import ssl
+
+    import dask
+    from distributed.security import Security
+
+    if security is None and dask.config.get("distributed.client.security-loader", None):
+        return None      # the configured loader gives the client its credentials
+    if isinstance(security, dict):
+        security = Security(**security)
+    elif security is None:
+        security = Security()
+    elif not isinstance(security, Security):
+        raise TypeError(f"security must be a distributed.security.Security or a dict, "
+                        f"got {type(security).__name__}")
+    given = {field: getattr(security, field, None) for field in TLS_SETTINGS}
+    for field, value in given.items():
+        # a value with a newline is the PEM text itself (Security.temporary() gives those)
+        if value and "\n" not in value and not os.path.isfile(value):
+            raise ValueError(f"TLS {field[4:].replace('_', ' ')} {value!r} (Dask setting "
+                             f"{TLS_SETTINGS[field][0]}) does not exist")
+    try:
+        context = security.get_connection_args("client")["ssl_context"]
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise ValueError(f"the TLS certificate, key or CA of the client cannot be loaded "
+                         f"({exc}); check {', '.join(n for n, _ in TLS_SETTINGS.values())}") \
+            from None
+    if context is None:
+        missing = [TLS_SETTINGS[f] for f in ("tls_ca_file", "tls_client_cert") if not given[f]]
+        raise ValueError(
+            f"the scheduler at {address!r} uses TLS but no client certificate is set "
+            f"(missing {' and '.join(n for n, _ in missing)}): give dmp's --tls-ca-file, "
+            f"--tls-cert and --tls-key, or set Dask's "
+            f"{', '.join(e for _, e in TLS_SETTINGS.values())} (or the same in a Dask "
+            f"config YAML), or pass security=distributed.security.Security(...)")
+    return security
+
+
+def connect(address: str, *, timeout: str = "5s", set_as_default: bool = True,
+            security=None):
     """A ``Client`` of the scheduler at ``address``.
+
+    Parameters
+    ----------
+    address : str
+        ``tcp://host:port``, or ``tls://host:port`` for a scheduler that uses TLS.
+    timeout : str
+        How long to try to reach the scheduler.
+    set_as_default : bool
+        Whether the client becomes Dask's default one.
+    security : distributed.security.Security or dict, optional
+        The client's TLS credentials (a ``dict`` gives ``Security``'s arguments, e.g.
+        ``tls_ca_file``, ``tls_client_cert``, ``tls_client_key``).  By default Dask's
+        configuration: ``distributed.comm.tls.ca-file``, ``distributed.comm.tls.client.cert``
+        and ``distributed.comm.tls.client.key`` (a config YAML or the
+        ``DASK_DISTRIBUTED__COMM__TLS__*`` environment variables).
 
     Raises
     ------
     ValueError
-        ``address`` is not a scheduler address (checked before a client exists: a client
-        that fails half-way blocks for seconds in its finaliser).
+        ``address`` is not a scheduler address, or a ``tls://`` one without usable TLS
+        credentials (checked before a client exists: a client that fails half-way blocks
+        for seconds in its finaliser).
     ConnectionError
         Nothing answers there within ``timeout``.
     """
@@ -51,10 +121,17 @@ def connect(address: str, *, timeout: str = "5s", set_as_default: bool = True):
     except ValueError as exc:
         raise ValueError(f"not a Dask scheduler address: {address!r} ({exc}); expected "
                          f"e.g. tcp://host:8786") from None
+    if protocol in ("tls", "wss"):
+        security = _client_security(address, security)
     try:
-        return Client(address, timeout=timeout, set_as_default=set_as_default)
+        return Client(address, timeout=timeout, set_as_default=set_as_default,
+                      security=security)
     except (OSError, TimeoutError) as exc:
-        raise ConnectionError(f"cannot reach the Dask scheduler at {address!r}: {exc}") \
+        # something answered and hung up: the usual sign of a TLS scheduler reached by TCP
+        hint = (f" (if that scheduler uses TLS, its address is tls://{location})"
+                if protocol == "tcp" and any(w in str(exc).lower() for w in ("reset", "closed"))
+                else "")
+        raise ConnectionError(f"cannot reach the Dask scheduler at {address!r}: {exc}{hint}") \
             from exc
 
 
@@ -253,7 +330,11 @@ class DaskBackend:
         `WorkerLostError` instead of waiting forever."""
         while True:
             try:
-                return fut.result(timeout=CREATE_POLL_S)
+                # the actor proxy binds to the current client as it is unpickled: without
+                # this, to the default client (another cluster's, or none when this client
+                # was made with set_as_default=False: every call then failed)
+                with self.client.as_current():
+                    return fut.result(timeout=CREATE_POLL_S)
             except TimeoutError:
                 if not fut.done():
                     gone = set(targets) - set(_identity_workers(self.client))
