@@ -752,3 +752,17 @@ class CheckpointStore:
         complete = [n for n in names if root[n].attrs.get("complete", False)]
         for n in complete[:-self.keep]:
             self._remove(self._join(n))
+
+
+def tag_content(ds, digest: str):
+    """Mark a dataset built from in-memory data with its `content_digest`; returns it."""
+    ds.dmp_content_digest = digest
+    return ds
+
+
+def dataset_fingerprint(ds) -> str:
+    """The ``dataset`` entry of a fit's checkpoint fingerprint: the content digest of data
+    given in memory (`tag_content`; the temporary store it is written to changes from fit to
+    fit), else the store's path."""
+    digest = getattr(ds, "dmp_content_digest", None)
+    return digest if digest is not None else str(getattr(ds, "path", None))

@@ -68,6 +68,15 @@ def _progress_bar(show_progress, total, desc):
     return tqdm(total=total, desc=desc, leave=True, dynamic_ncols=True)
 
 
+def _fresh_driver_nbytes(program):
+    """Bytes of a just-started program's driver arrays (the bound its checkpoint must keep;
+    None for a program whose driver state is complete only after its first rounds)."""
+    try:
+        return expected_nbytes(program.driver_state())
+    except Exception:
+        return None
+
+
 def run(program, backend, **kwargs) -> RunResult:
     """Run ``program`` on ``backend`` until it converges or ``max_iter`` rounds pass.
 
@@ -171,7 +180,7 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
             try:
                 parts = store.partition_manifests(r, n_parts)
                 program.start(n_parts)
-                state = store.load_driver(r, expected=expected_nbytes(program.driver_state()))
+                state = store.load_driver(r, expected=_fresh_driver_nbytes(program))
                 saved_history = store.load_history(r)
                 try:
                     backend.restore_all([store.partition_path(r, k) for k in range(n_parts)],
