@@ -4,7 +4,7 @@ Layout::
 
     ckpt.zarr/                 attrs: {dmp_checkpoint: 2, latest: "round_00000120", fingerprint}
       lock/                    attrs: {dmp_lock: {host, pid, token, started, heartbeat}}
-      history/h00000120        attrs: {prev: "h00000110", first, records: [...]}
+      history/h00000120        attrs: {prev: "h00000110", first, records: "[...]" (JSON)}
       round_00000120/          attrs: {complete: true, round: 120, state: {...json scalars},
                                        manifest: {driver: {...}, partitions: [...]},
                                        history: "h00000120", history_len}
@@ -667,7 +667,10 @@ class CheckpointStore:
         while name is not None:
             try:
                 seg = dict(root["history"][name].attrs)
-                records, prev, first = seg["records"], seg.get("prev"), int(seg["first"])
+                records, prev, first = (json.loads(seg["records"]), seg.get("prev"),
+                                        int(seg["first"]))
+                if not isinstance(records, list):
+                    raise TypeError("records are not a list")
             except Exception as exc:
                 raise CheckpointError(f"{self._where(round)}: history segment {name!r} is "
                                       f"missing or malformed ({type(exc).__name__}: "
@@ -732,10 +735,10 @@ class CheckpointStore:
                 prev, n_saved = None, 0
             seg = _history_name(round)
             hist = root.require_group("history")
+            # one compact JSON string: Zarr indents attributes, a list of dicts line by line
             hist.create_group(seg, overwrite=True,
                               attributes={"prev": prev, "first": n_saved,
-                                          "records": json.loads(json.dumps(
-                                              history[n_saved:]))})
+                                          "records": json.dumps(history[n_saved:])})
             extra = {"history": seg, "history_len": len(history)}
         manifest = {"driver": driver,
                     "partitions": None if partitions is None else list(partitions)}
