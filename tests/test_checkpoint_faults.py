@@ -434,3 +434,13 @@ def test_dmp_run_without_resume_says_it_deletes_a_crashed_runs_checkpoints(tmp_p
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if "deleting the checkpoints" in ln]
     assert len(lines) == 1 and str(ck / "Lasso.zarr") in lines[0] and "--resume" in lines[0]
+
+
+def test_a_store_whose_only_round_lost_its_metadata_is_refused(tmp_path):
+    """Not a silent start from scratch: the store names a latest round that is not there."""
+    X, y, kw, full, ckpt = _lasso_with_checkpoints(tmp_path)
+    _rm(f"{ckpt}/round_00000020")
+    _rm(f"{ckpt}/round_00000030/zarr.json")
+    with pytest.raises(CheckpointError, match=r"no usable checkpoint in .*round_00000030.*"
+                                              r"metadata is missing"):
+        Lasso(checkpoint=ckpt, checkpoint_every=500, resume=True, **kw).fit(X, y)

@@ -152,6 +152,8 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
         if not initial and latest is None and program.after_loss():
             # the program restores itself from its driver-side copies
             return history[-1]["round"] + 1 if history else 0
+        if (latest is None and initial and resume and store.latest_name() is not None):
+            return restore_checkpoint()   # its latest round is broken, and the only one
         if latest is None or (initial and not resume):
             program.start(n_parts)
             history.clear()
@@ -194,7 +196,7 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
                 continue
             if skipped:
                 warnings.warn(f"resumed from the checkpoint of round {r} in {store.path!r}, "
-                              f"skipping a later one: {'; '.join(skipped)}",
+                              f"skipping what failed: {'; '.join(skipped)}",
                               CheckpointWarning, stacklevel=2)
             history[:] = saved_history
             program.load_driver_state(state)
