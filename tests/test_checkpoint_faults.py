@@ -444,3 +444,41 @@ def test_a_store_whose_only_round_lost_its_metadata_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match=r"no usable checkpoint in .*round_00000030.*"
                                               r"metadata is missing"):
         Lasso(checkpoint=ckpt, checkpoint_every=500, resume=True, **kw).fit(X, y)
+
+
+def test_a_lock_held_by_a_live_process_of_this_host_is_respected(tmp_path):
+    X, y = make_problem(seed=5)
+    ckpt = str(tmp_path / "ck.zarr")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _plant_lock(ckpt, pid=other.pid)
+        with pytest.raises(CheckpointLockedError, match=rf"pid {other.pid} on host"):
+            Lasso(alpha=0.05 * alpha_max(X, y), backend="local", max_iter=4, checkpoint=ckpt,
+                  checkpoint_every=2).fit(X, y)
+    finally:
+        other.kill()
+        other.wait()
+    assert os.path.exists(f"{ckpt}/lock/zarr.json")      # not removed by the refused fit
+
+
+def test_a_fit_whose_lock_was_taken_over_stops_writing(tmp_path):
+    """Another fit took the location over (it judged this one dead): this fit stops before
+    its next checkpoint instead of writing rounds into the other's store."""
+    X, y = make_problem(seed=5)
+    ckpt = str(tmp_path / "ck.zarr")
+
+    def usurp(round, metrics):
+        if round == 3:
+            _plant_lock(ckpt, host="elsewhere", pid=1)
+        return False
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        with pytest.raises(CheckpointLockedError, match=r"was taken over by another fit .*"
+                                                        r"host 'elsewhere'"):
+            Lasso(alpha=0.05 * alpha_max(X, y), backend="local", max_iter=20, tol=1e-12,
+                  random_state=0, checkpoint=ckpt, checkpoint_every=2,
+                  callback=usurp).fit(X, y)
+    assert CheckpointStore(ckpt).latest() == 2
+    assert json.load(open(f"{ckpt}/lock/zarr.json"))["attributes"]["dmp_lock"]["host"] == \
+        "elsewhere"                                       # the other fit's lock is left alone
