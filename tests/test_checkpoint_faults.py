@@ -482,3 +482,35 @@ def test_a_fit_whose_lock_was_taken_over_stops_writing(tmp_path):
     assert CheckpointStore(ckpt).latest() == 2
     assert json.load(open(f"{ckpt}/lock/zarr.json"))["attributes"]["dmp_lock"]["host"] == \
         "elsewhere"                                       # the other fit's lock is left alone
+
+
+def test_fits_racing_for_one_location_get_one_lock(tmp_path):
+    """Eight acquirers started at once, on a new location and on an existing store: exactly
+    one holds the lock, the rest are refused with `CheckpointLockedError`."""
+    existing = CheckpointStore(tmp_path / "old.zarr")
+    existing.begin(2, {"fit": 1})
+    existing.commit(2, {"x": np.zeros(2)})
+    for ckpt in (str(tmp_path / "new.zarr"), existing.path):
+        go = threading.Barrier(8)
+        won, refused, other = [], [], []
+
+        def take():
+            lock = CheckpointStore(ckpt).lock()
+            go.wait()
+            try:
+                won.append(lock.acquire())
+            except CheckpointLockedError as exc:
+                refused.append(exc)
+            except Exception as exc:  # reported below
+                other.append(exc)
+
+        threads = [threading.Thread(target=take) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        try:
+            assert len(won) == 1 and len(refused) == 7, (ckpt, won, refused, other)
+        finally:
+            for lock in won:
+                lock.release()

@@ -311,18 +311,26 @@ class CheckpointLock:
             self.store.fs.pipe_file(self.path, data)
             return True
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        if exclusive:
+        tmp = f"{self.path}.{self.token}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        if not exclusive:
+            os.replace(tmp, self.path)
+            return True
+        try:  # a hard link appears whole or not at all, and never replaces a lock
+            os.link(tmp, self.path)
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 return False
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            return True
-        tmp = f"{self.path}.{self.token}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, self.path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
         return True
 
     def _remove(self) -> None:
@@ -345,12 +353,19 @@ class CheckpointLock:
         store = self.store
         root_existed = store.exists()
         if not root_existed and not store.remote and os.path.isdir(store.path) \
-                and any(n != "lock" for n in os.listdir(store.path)):
+                and any(n not in ("lock", "zarr.json") for n in os.listdir(store.path)):
             raise CheckpointError(f"{store.path!r} is a folder that is not a dmp checkpoint "
                                   f"store; choose another checkpoint location")
-        root = store._root("a")
-        if "dmp_checkpoint" not in root.attrs:
-            root.attrs["dmp_checkpoint"] = FORMAT
+        for attempt in range(3):
+            try:   # another fit may be creating the same new store at this moment
+                root = store._root("a")
+                if "dmp_checkpoint" not in root.attrs:
+                    root.attrs["dmp_checkpoint"] = FORMAT
+                break
+            except Exception:
+                if attempt == 2:
+                    raise
+                time.sleep(0.05)
         self._created_root = not root_existed
         for _ in range(3):
             if self._write(exclusive=True):
