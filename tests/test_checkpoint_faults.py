@@ -514,3 +514,55 @@ def test_fits_racing_for_one_location_get_one_lock(tmp_path):
         finally:
             for lock in won:
                 lock.release()
+
+
+_KILLED_FIT = r"""
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from distributed import Client, LocalCluster
+from conftest import alpha_max, make_problem
+from dmp.linear_model import Lasso
+
+X, y = make_problem(seed=5)
+
+
+def wait_here(round, metrics):
+    if round == 2:
+        print("READY", flush=True)
+        time.sleep(600)
+
+
+with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster, \
+        Client(cluster) as client:
+    Lasso(alpha=0.05 * alpha_max(X, y), backend=client, callback=wait_here).fit(X, y)
+"""
+
+
+@pytest.mark.dask
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_temporary_store_of_a_killed_fit_is_removed_later(tmp_path):
+    """A Dask fit of in-memory data SIGKILLed mid-fit leaves its temporary store; the next
+    cleanup (the next fit's) removes it, and nothing of a live fit."""
+    import signal
+
+    from dmp.utils.scratch import clean_stale_temporary_stores
+
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_FIT, os.path.dirname(__file__)],
+                             stdout=subprocess.PIPE, env=env, text=True)
+    try:
+        assert child.stdout.readline().strip() == "READY"
+        left = [p for p in scratch.iterdir() if p.name.startswith("dmp-lasso-")]
+        assert len(left) == 1 and (left[0] / "data.zarr").is_dir()
+        assert clean_stale_temporary_stores(str(scratch)) == []      # its fit is alive
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(30)
+        assert left[0].exists()                                       # the kill left it
+        assert clean_stale_temporary_stores(str(scratch)) == [str(left[0])]
+        assert not left[0].exists()
+    finally:
+        child.kill()
+        child.wait()
