@@ -30,6 +30,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -544,6 +545,9 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
             stores.append(store)
             has_ckpt = store.latest() is not None
             if store.exists() and not resume:
+                if has_ckpt:
+                    print(f"dmp run: deleting the checkpoints of an earlier run in {ckpt} "
+                          f"(pass --resume to continue it instead)", file=sys.stderr)
                 store.clear()
             # backend: local in the params simulates its n_workers in this process
             p.setdefault("backend", client)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import numbers
 import shutil
-import tempfile
 
 import numpy as np
 import scipy.sparse as sp
@@ -14,10 +13,12 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from ..engine import resolve_backend, run
+from ..engine.checkpoint import content_digest, dataset_fingerprint, tag_content
 from ..engine.runner import history_arrays
 from ..io.sparse import require_store_kind
 from ..linear_model._lasso import seed_from
 from ..utils.estimator import SharedBackendMixin
+from ..utils.scratch import temporary_store_dir
 from . import _lda_kernels as K
 from ._lda_program import LDAProgram
 
@@ -210,15 +211,17 @@ class LatentDirichletAllocation(SharedBackendMixin, ClassNamePrefixFeaturesOutMi
         if X.shape[0] < P:
             raise ValueError(f"{X.shape[0]} documents cannot be split over {P} workers")
         y = np.zeros(X.shape[0])
+        # the checkpoint fingerprint: by content, not by the temporary store's path
+        digest = content_digest(X)
         if backend.kind == "local":
-            return InMemorySparseRowDataset(X, y, n_shards=P), None
-        tmp = tempfile.mkdtemp(prefix="dmp-lda-")
+            return tag_content(InMemorySparseRowDataset(X, y, n_shards=P), digest), None
+        tmp = temporary_store_dir("lda")
         try:
             ds = write_sparse_rows(f"{tmp}/corpus.zarr", X, y, n_shards=P)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return ds, tmp
+        return tag_content(ds, digest), tmp
 
     def _priors(self):
         k = int(self.n_components)
@@ -264,7 +267,7 @@ class LatentDirichletAllocation(SharedBackendMixin, ClassNamePrefixFeaturesOutMi
             fingerprint = {"estimator": type(self).__name__, "n_components": self.n_components,
                            "alpha": alpha, "beta": beta, "sampler": self.sampler,
                            "shape": [int(s) for s in ds.shape], "n_partitions": P,
-                           "dataset": str(getattr(ds, "path", None))}
+                           "dataset": dataset_fingerprint(ds)}
             result = run(program, backend, max_iter=P * (self.max_iter + 1),
                          # the next batch of sub-rounds in flight while the driver scores
                          # the last (the chain does not depend on it)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import numbers
 import shutil
-import tempfile
 import warnings
 
 import numpy as np
@@ -16,11 +15,13 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from ..engine import resolve_backend, run
+from ..engine.checkpoint import content_digest, dataset_fingerprint, tag_content
 from ..engine.runner import history_arrays
 from ..io.sparse import _group_has_attrs, require_store_kind
 from ..kernels import mf as K
 from ..linear_model._lasso import seed_from
 from ..utils.estimator import SharedBackendMixin
+from ..utils.scratch import temporary_store_dir
 from ._mf_program import MFProgram, auto_block_size
 
 
@@ -228,9 +229,12 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
             valid = (vu, vi, vr)
         else:
             valid = None
+        # the checkpoint fingerprint: by content, not by the temporary store's path
+        digest = content_digest((u, i, r), valid, None if shape is None else tuple(shape))
         if backend.kind == "local":
-            return InMemoryRatingsDataset((u, i, r), valid=valid, shape=shape), None
-        tmp = tempfile.mkdtemp(prefix="dmp-mf-")
+            return tag_content(InMemoryRatingsDataset((u, i, r), valid=valid, shape=shape),
+                               digest), None
+        tmp = temporary_store_dir("mf")
         try:
             n = len(r)
             uu, ii, rr = u, i, r
@@ -244,7 +248,7 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return ds, tmp
+        return tag_content(ds, digest), tmp
 
     # ------------------------------------------------------------------ fitting
     def fit(self, X, y=None, *, X_val=None):
@@ -296,7 +300,7 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
                            "n_components": k, "alpha": float(self.alpha),
                            "shape": [int(n_users), int(n_items)],
                            "n_partitions": backend.n_partitions, "block_size": bs,
-                           "dataset": str(getattr(ds, "path", None))}
+                           "dataset": dataset_fingerprint(ds)}
             # CCD++'s partitions solve each item update themselves (the driver only keeps
             # the score): on Dask a batch of rounds runs while the one before is scored, with
             # the same factors

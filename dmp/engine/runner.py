@@ -6,16 +6,18 @@ events, callbacks, a progress bar, Zarr checkpoints and recovery from worker los
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..exceptions import CheckpointError, CheckpointWarning
 from .backends.base import WorkerLostError
-from .checkpoint import CheckpointStore
+from .checkpoint import CheckpointStore, expected_nbytes
 from .comm import payload_nbytes
 from .events import FitEvents
 from .program import Broadcast
@@ -66,6 +68,15 @@ def _progress_bar(show_progress, total, desc):
     return tqdm(total=total, desc=desc, leave=True, dynamic_ncols=True)
 
 
+def _fresh_driver_nbytes(program):
+    """Bytes of a just-started program's driver arrays (the bound its checkpoint must keep;
+    None for a program whose driver state is complete only after its first rounds)."""
+    try:
+        return expected_nbytes(program.driver_state())
+    except Exception:
+        return None
+
+
 def run(program, backend, **kwargs) -> RunResult:
     """Run ``program`` on ``backend`` until it converges or ``max_iter`` rounds pass.
 
@@ -76,20 +87,28 @@ def run(program, backend, **kwargs) -> RunResult:
     backend, or Dask workers with ``processes=False``) the library's default is kept.  The
     limit is process-wide while the fit runs: fits run at once from several threads of one
     process may restore each other's setting.  Keyword arguments: see `_run`.
-    """
-    if (getattr(backend, "kind", None) == "local"
-            or getattr(backend, "workers_in_this_process", lambda: False)()):
-        return _run(program, backend, **kwargs)
-    from threadpoolctl import threadpool_limits
 
-    with threadpool_limits(limits=1, user_api="blas"):
-        return _run(program, backend, **kwargs)
+    A checkpoint location is locked while the fit runs (`dmp.engine.checkpoint.CheckpointLock`):
+    another fit writing it raises `dmp.exceptions.CheckpointLockedError`.
+    """
+    checkpoint = kwargs.get("checkpoint")
+    lock = (CheckpointStore(checkpoint).lock() if checkpoint is not None
+            else contextlib.nullcontext())
+    with lock as held:
+        kwargs["_lock"] = held
+        if (getattr(backend, "kind", None) == "local"
+                or getattr(backend, "workers_in_this_process", lambda: False)()):
+            return _run(program, backend, **kwargs)
+        from threadpoolctl import threadpool_limits
+
+        with threadpool_limits(limits=1, user_api="blas"):
+            return _run(program, backend, **kwargs)
 
 
 def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
          checkpoint_every: int = 50, resume: bool = False, fingerprint: dict | None = None,
          callback=None, show_progress: bool = False, desc: str = "dmp",
-         max_recoveries: int = 5, params: dict | None = None) -> RunResult:
+         max_recoveries: int = 5, params: dict | None = None, _lock=None) -> RunResult:
     """The body of `run`.
 
     Parameters
@@ -115,7 +134,8 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
         raise ValueError(f"staleness must be >= 0, got {staleness}")
     if checkpoint_every < 1:
         raise ValueError(f"checkpoint_every must be >= 1, got {checkpoint_every}")
-    store = CheckpointStore(checkpoint) if checkpoint is not None else None
+    store = (_lock.store if _lock is not None
+             else CheckpointStore(checkpoint) if checkpoint is not None else None)
     fingerprint = fingerprint or {}
     if resume and store is None:
         raise ValueError("resume=True needs a checkpoint location")
@@ -132,24 +152,58 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
         if not initial and latest is None and program.after_loss():
             # the program restores itself from its driver-side copies
             return history[-1]["round"] + 1 if history else 0
+        if (latest is None and initial and resume and store.latest_name() is not None):
+            return restore_checkpoint()   # its latest round is broken, and the only one
         if latest is None or (initial and not resume):
             program.start(n_parts)
             history.clear()
+            if store is not None:
+                store.reset_history()
             return 0
         saved_fp = store.fingerprint()
         if saved_fp is not None and fingerprint and saved_fp != fingerprint:
             diff = sorted(k for k in set(saved_fp) | set(fingerprint)
                           if saved_fp.get(k) != fingerprint.get(k))
-            raise ValueError(f"checkpoint {store.path!r} was written by a different fit "
-                             f"(differs in: {', '.join(diff)}); use another location or "
-                             f"resume=False")
-        backend.restore_all([store.partition_path(latest, k) for k in range(n_parts)])
-        state = store.load_driver(latest)
-        history[:] = json.loads(state.pop("__history"))
-        program.start(n_parts)
-        program.load_driver_state(state)
-        logger.info("resumed from checkpoint round %d in %s", latest, store.path)
-        return latest
+            raise CheckpointError(f"checkpoint {store.path!r} was written by a different fit "
+                                  f"(differs in: {', '.join(diff)}); use another location or "
+                                  f"resume=False")
+        return restore_checkpoint()
+
+    def restore_checkpoint():
+        """Restore the newest complete checkpoint that passes its checks; a corrupt one or
+        one missing a piece is skipped, with a warning, for the one before."""
+        rounds = store.complete_rounds()
+        skipped = []
+        named = store.latest_name()
+        if named is not None and named not in {f"round_{r:08d}" for r in rounds}:
+            skipped.append(f"checkpoint store {store.path!r}: {named}, its latest round, is "
+                           f"not a complete checkpoint (its metadata is missing)")
+        for r in rounds:
+            try:
+                parts = store.partition_manifests(r, n_parts)
+                program.start(n_parts)
+                state = store.load_driver(r, expected=_fresh_driver_nbytes(program))
+                saved_history = store.load_history(r)
+                try:
+                    backend.restore_all([store.partition_path(r, k) for k in range(n_parts)],
+                                        parts)
+                except CheckpointError as exc:
+                    raise CheckpointError(f"checkpoint store {store.path!r}, round {r}: "
+                                          f"{exc}") from exc
+            except CheckpointError as exc:
+                skipped.append(str(exc))
+                logger.warning("%s", exc)
+                continue
+            if skipped:
+                warnings.warn(f"resumed from the checkpoint of round {r} in {store.path!r}, "
+                              f"skipping what failed: {'; '.join(skipped)}",
+                              CheckpointWarning, stacklevel=2)
+            history[:] = saved_history
+            program.load_driver_state(state)
+            logger.info("resumed from checkpoint round %d in %s", r, store.path)
+            return r
+        raise CheckpointError(f"no usable checkpoint in {store.path!r}: {'; '.join(skipped)}; "
+                              f"resume=False (or another location) starts the fit over")
 
     def recover():
         """Re-create the partitions and restore; a loss during the recovery itself (a second
@@ -205,11 +259,12 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
         return max(m, 1)
 
     def checkpoint_now(r):
+        if _lock is not None:
+            _lock.verify()   # another fit took the location over: stop writing it
         store.begin(r, fingerprint)
-        backend.save_all([store.partition_path(r, k) for k in range(n_parts)])
-        state = dict(program.driver_state())
-        state["__history"] = json.dumps(history)
-        store.commit(r, state)
+        parts = backend.save_all([store.partition_path(r, k) for k in range(n_parts)])
+        store.commit(r, dict(program.driver_state()),
+                     partitions=parts if isinstance(parts, list) else None, history=history)
         events.checkpoint(r)
 
     try:

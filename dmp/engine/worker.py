@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checkpoint import read_arrays, write_arrays
+from ..exceptions import CheckpointError
+from .checkpoint import expected_nbytes, read_arrays, write_arrays
 from .comm import payload_nbytes
 from .program import Sends
 
@@ -181,11 +182,26 @@ class PartitionWorker:
         if update is not None:
             self.program.apply(self.state, update)
 
-    def save(self, path: str) -> None:
-        write_arrays(path, self.program.partition_arrays(self.state))
+    def save(self, path: str) -> dict:
+        """Write the partition's arrays; return their manifest (shapes, checksums)."""
+        return write_arrays(path, self.program.partition_arrays(self.state))
 
-    def restore(self, path: str) -> None:
-        self.program.restore_partition(self.state, read_arrays(path))
+    def restore(self, path: str, manifest: dict | None = None) -> None:
+        """Restore from a checkpoint, its arrays checked against ``manifest`` and their
+        declared sizes against this partition's own state before anything is read
+        (`dmp.engine.checkpoint.read_arrays`)."""
+        try:
+            expected = expected_nbytes(self.program.partition_arrays(self.state))
+        except Exception:  # a state that cannot list its arrays before a restore: no bound
+            expected = None
+        arrays = read_arrays(path, manifest=manifest, expected=expected)
+        try:
+            self.program.restore_partition(self.state, arrays)
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
+            if isinstance(exc, CheckpointError):
+                raise
+            raise CheckpointError(f"checkpoint group {path!r} does not fit this partition: "
+                                  f"{exc}") from exc
 
     def collect(self) -> dict:
         return self.program.partition_arrays(self.state)

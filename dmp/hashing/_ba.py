@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import numbers
 import shutil
-import tempfile
 
 import numpy as np
 from sklearn.base import BaseEstimator, TransformerMixin
@@ -19,6 +18,7 @@ from ..io.dense import (DenseDataset, InMemoryDenseDataset, _check_dense, append
 from ..io.sparse import _is_dask, require_store_kind
 from ..linear_model._lasso import seed_from
 from ..utils.estimator import SharedBackendMixin
+from ..utils.scratch import temporary_store_dir
 from ._parmac import ParMACProgram
 from ._retrieval import euclidean_neighbors, pack_codes
 
@@ -29,7 +29,7 @@ VALIDATION_DB_MAX = 20000
 def _temporary_store(X, extra, n_shards):
     """Write the points ``X`` (``n_shards`` shards) and each array of ``extra`` (one shard
     each) to a new temporary directory the workers read; return ``(dataset, directory)``."""
-    tmp = tempfile.mkdtemp(prefix="dmp-ba-")
+    tmp = temporary_store_dir("ba")
     try:
         ds = write_dense(f"{tmp}/points.zarr", X, n_shards=n_shards)
         for Xa in extra:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numbers
 import os
 import shutil
-import tempfile
 import warnings
 
 import numpy as np
@@ -16,10 +15,12 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..engine import resolve_backend, run
+from ..engine.checkpoint import content_digest, dataset_fingerprint, tag_content
 from ..engine.runner import history_arrays
 from ..io.sparse import require_store_kind
 from ..utils.data import InMemorySparseDataset
 from ..utils.estimator import SharedBackendMixin
+from ..utils.scratch import temporary_store_dir
 from ._lasso_program import LassoProgram
 
 
@@ -235,18 +236,20 @@ class Lasso(SharedBackendMixin, RegressorMixin, BaseEstimator):
         X, y = validate_data(self, X, y, accept_sparse="csc", dtype=np.float64,
                              y_numeric=True, multi_output=False)
         P = backend.n_partitions
+        # the checkpoint fingerprint: by content, not by the temporary store's path
+        digest = content_digest(X, y)
         if backend.kind == "local":
-            return InMemorySparseDataset(X, y, n_shards=P), None
+            return tag_content(InMemorySparseDataset(X, y, n_shards=P), digest), None
         from ..io import write_sparse
 
-        tmp = tempfile.mkdtemp(prefix="dmp-lasso-")
+        tmp = temporary_store_dir("lasso")
         try:
             ds = write_sparse(f"{tmp}/data.zarr", sp.csc_matrix(X), y,
                               n_shards=min(X.shape[1], max(P, 1)))
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return ds, tmp
+        return tag_content(ds, digest), tmp
 
     # ------------------------------------------------------------------ API
     def fit(self, X, y=None):
@@ -298,7 +301,7 @@ class Lasso(SharedBackendMixin, RegressorMixin, BaseEstimator):
                            "n_partitions": P, "schedule": self.schedule,
                            # stale rounds see other updates: another chain of iterates
                            "staleness": int(self.staleness),
-                           "dataset": str(getattr(ds, "path", None))}
+                           "dataset": dataset_fingerprint(ds)}
             result = run(program, backend, max_iter=self.max_iter, staleness=self.staleness,
                          checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every,
                          resume=self.resume, fingerprint=fingerprint, callback=self.callback,

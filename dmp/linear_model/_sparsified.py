@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import numbers
 import shutil
-import tempfile
 import warnings
 
 import numpy as np
@@ -17,9 +16,11 @@ from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import check_is_fitted, validate_data
 
 from ..engine import resolve_backend, run
+from ..engine.checkpoint import content_digest, dataset_fingerprint, tag_content
 from ..engine.runner import history_arrays
 from ..io.sparse import require_store_kind
 from ..utils.estimator import SharedBackendMixin
+from ..utils.scratch import temporary_store_dir
 from ._lasso import seed_from
 from ._sparsified_program import SparsifiedProgram, block_bounds
 
@@ -137,15 +138,17 @@ class _SparsifiedBase(SharedBackendMixin, BaseEstimator):
         P = backend.n_partitions
         if X.shape[0] < P:
             raise ValueError(f"{X.shape[0]} samples cannot be split over {P} workers")
+        # the checkpoint fingerprint: by content, not by the temporary store's path
+        digest = content_digest(X, y)
         if backend.kind == "local":
-            return InMemorySparseRowDataset(X, y, n_shards=P), None
-        tmp = tempfile.mkdtemp(prefix="dmp-sparsified-")
+            return tag_content(InMemorySparseRowDataset(X, y, n_shards=P), digest), None
+        tmp = temporary_store_dir("sparsified")
         try:
             ds = write_sparse_rows(f"{tmp}/data.zarr", X, y, n_shards=P)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        return ds, tmp
+        return tag_content(ds, digest), tmp
 
     def _check_labels(self, y, reset):
         y = np.asarray(y, dtype=np.float64)
@@ -215,7 +218,7 @@ class _SparsifiedBase(SharedBackendMixin, BaseEstimator):
             fingerprint = {"estimator": type(self).__name__, "method": self.method,
                            "loss": self.loss, "alpha": alpha, "l1_ratio": l1_ratio,
                            "shape": [n, d], "n_partitions": P, "n_blocks": m, "tau": tau,
-                           "dataset": str(getattr(ds, "path", None))}
+                           "dataset": dataset_fingerprint(ds)}
             # one epoch (partial_fit): one iteration with exact local gradients
             iters = eval_every if one_epoch else self.max_iter
             result = run(program, backend, max_iter=iters + 1, checkpoint=self.checkpoint,

@@ -563,13 +563,16 @@ class DaskBackend:
                                                  self._last_step))
                                    for k, a in enumerate(self.actors)]))
 
-    def save_all(self, paths) -> None:
+    def save_all(self, paths) -> list:
         self._settle_inbox()
-        self._results(self._issue([(a, "save", (p,)) for a, p in zip(self.actors, paths)]))
+        return self._results(self._issue([(a, "save", (p,))
+                                          for a, p in zip(self.actors, paths)]))
 
-    def restore_all(self, paths) -> None:
+    def restore_all(self, paths, manifests=None) -> None:
         self._settle_inbox()
-        self._results(self._issue([(a, "restore", (p,)) for a, p in zip(self.actors, paths)]))
+        manifests = manifests or [None] * len(paths)
+        self._results(self._issue([(a, "restore", (p, m))
+                                   for a, p, m in zip(self.actors, paths, manifests)]))
 
     def collect_all(self) -> list[dict]:
         self._settle_inbox()

@@ -54,13 +54,12 @@ class LocalBackend:
         for k, w in enumerate(self.workers):
             w.apply(update_for(updates, k))
 
-    def save_all(self, paths) -> None:
-        for w, p in zip(self.workers, paths):
-            w.save(p)
+    def save_all(self, paths) -> list:
+        return [w.save(p) for w, p in zip(self.workers, paths)]
 
-    def restore_all(self, paths) -> None:
-        for w, p in zip(self.workers, paths):
-            w.restore(p)
+    def restore_all(self, paths, manifests=None) -> None:
+        for k, (w, p) in enumerate(zip(self.workers, paths)):
+            w.restore(p, None if manifests is None else manifests[k])
 
     def collect_all(self) -> list[dict]:
         return [w.collect() for w in self.workers]
