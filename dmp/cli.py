@@ -57,7 +57,7 @@ def _cmd_data_make(args) -> int:
 _OPTS = {
     "svmlight": {"shards": "--shards", "layout": "--layout", "n_features": "--n-features"},
     "ratings": {"file_format": "--format", "split": "--split", "seed": "--seed",
-                "duplicates": "--duplicates", "sep": "--sep"},
+                "duplicates": "--duplicates", "sep": "--sep", "columns": "--columns"},
     "uci": {"shards": "--shards", "vocab": "--vocab"},
     "text": {"shards": "--shards", "per": "--per", "min_count": "--min-count",
              "stop_words": "--stop-words"},
@@ -84,7 +84,7 @@ def _cmd_data_convert(args) -> int:
                              split=args.split or (0.8, 0.1, 0.1),
                              seed=0 if args.seed is None else args.seed,
                              duplicates=args.duplicates or "error", sep=args.sep,
-                             overwrite=args.overwrite)
+                             columns=args.columns, overwrite=args.overwrite)
     elif args.format in ("uci", "text"):
         ds = convert_corpus(args.source, args.dest, format=args.format, vocab=args.vocab,
                             n_shards=args.shards, overwrite=args.overwrite,
@@ -142,6 +142,18 @@ def _fractions(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"expected three comma-separated fractions "
                                          f"train,valid,test (e.g. 0.8,0.1,0.1), got {text!r}")
     return fr
+
+
+def _columns(text: str) -> tuple:
+    """``--columns``: three header names, or three 0-based positions, comma-separated."""
+    parts = [x.strip() for x in text.split(",")]
+    if len(parts) != 3 or not all(parts):
+        raise argparse.ArgumentTypeError(f"expected three comma-separated columns USER,ITEM,"
+                                         f"RATING (header names, or 0-based positions such "
+                                         f"as 0,1,3), got {text!r}")
+    if all(x.isdigit() for x in parts):
+        return tuple(int(x) for x in parts)
+    return tuple(parts)
 
 
 def _int_at_least(low: int):
@@ -246,6 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ratings: repeated (user, item) pairs (default error)")
     c.add_argument("--sep", default=None,
                    help="ratings: field delimiter (default sniffed; '\\t' or 'tab' for tab)")
+    c.add_argument("--columns", type=_columns, default=None,
+                   help="ratings: the user, item and rating columns, by header name "
+                        "(userId,movieId,stars) or 0-based position (0,1,3) (default: "
+                        "found by name in the header, else the first three)")
     c.add_argument("--vocab", default=None, help="uci: the vocab.*.txt file")
     c.add_argument("--per", choices=["line", "file"], default=None,
                    help="text: one document per line of SOURCE, or per file of the "

@@ -764,6 +764,9 @@ _USER_NAMES = {"user", "userid", "uid", "users", "customer", "customerid", "revi
 _ITEM_NAMES = {"item", "itemid", "iid", "items", "movie", "movieid", "product", "productid",
                "asin", "book", "bookid", "isbn", "track", "trackid"}
 _RATING_NAMES = {"rating", "ratings", "score", "stars", "overall", "bookrating"}
+#: names of columns that are not ratings but show that a first line is a header
+_OTHER_NAMES = {"timestamp", "time", "date", "datetime", "ts", "unixtime", "unixreviewtime"}
+_CLI_COLUMNS = "on the command line --columns USER,ITEM,RATING"
 _INT_RE = re.compile(r"^-?(0|[1-9][0-9]*)$")
 
 
@@ -791,6 +794,35 @@ def _named_columns(fields) -> tuple[int, int, int] | None:
             return None
         found.append(pos[0])
     return found[0], found[1], found[2]
+
+
+def _unnamed_columns(fields) -> str | None:
+    """Why a header that names columns does not locate the user, item and rating columns
+    (None when it names none of them, or all three)."""
+    names = [_norm_name(f) for f in fields]
+    known = (("user", _USER_NAMES), ("item", _ITEM_NAMES), ("rating", _RATING_NAMES))
+    if not any(n in _OTHER_NAMES or any(n in k for _, k in known) for n in names):
+        return None
+    found, missing = [], []
+    for what, k in known:
+        pos = [j for j, n in enumerate(names) if n in k]
+        if len(pos) == 1:
+            found.append(f"{what} {fields[pos[0]]!r}")
+        elif pos:
+            found.append(f"{len(pos)} {what} columns "
+                         f"({', '.join(repr(fields[j]) for j in pos)})")
+        else:
+            missing.append(what)
+    if not missing and len(found) == 3 and all("columns" not in f for f in found):
+        return None
+    if not found:
+        return "names none of them"
+    why = f"names {', '.join(found)}"
+    if missing:
+        why += f" but no {' and no '.join(missing)} column"
+        if "rating" in missing:
+            why += f" (a rating column is named one of {', '.join(sorted(_RATING_NAMES))})"
+    return why
 
 
 def _sniff_sep(line: str) -> str | None:
@@ -893,9 +925,21 @@ def _parse_file(path, fmt="auto", sep=None, header="auto", columns=None) -> _Par
                     cu, ci, cr = columns
                 elif is_header and named is not None and kind in ("csv", "delimited"):
                     cu, ci, cr = named
+                elif is_header and kind != "movielens" and _unnamed_columns(fields):
+                    # a header that names its columns is read by name, never by position:
+                    # "userId,movieId,timestamp" must not make the timestamps ratings
+                    fail(lineno, f"cannot find the user, item and rating columns in the "
+                                 f"header {fields}: it {_unnamed_columns(fields)}; pass "
+                                 f"columns=(user, item, rating) ({_CLI_COLUMNS})")
                 elif is_header and kind == "csv":
                     fail(lineno, f"cannot find the user, item and rating columns in the "
-                                 f"header {fields}; pass columns=(user, item, rating)")
+                                 f"header {fields}; pass columns=(user, item, rating) "
+                                 f"({_CLI_COLUMNS})")
+                elif is_header and named is not None and named != (0, 1, 2):
+                    fail(lineno, f"the header {fields} puts the user, item and rating "
+                                 f"columns at positions {list(named)}, but format "
+                                 f"'triplets' reads the first three; use format 'csv' or "
+                                 f"pass columns=(user, item, rating) ({_CLI_COLUMNS})")
                 else:
                     cu, ci, cr = 0, 1, 2
                 need = max(cu, ci, cr) + 1
