@@ -27,7 +27,8 @@ import scipy.sparse as sp
 from . import sparse as _sparse
 from .sparse import (FORMAT_VERSION, DatasetError, _atomic_write, _balanced_bounds,
                      _check_dest, _check_n_shards, _default_n_shards, _normalize_path,
-                     _prepare_input, _StoredDataset, _write_array, partition_shards)
+                     _prepare_input, _StoredDataset, _write_array, partition_shards,
+                     sklearn_indices)
 
 __all__ = ["SparseRowDataset", "InMemorySparseRowDataset", "write_sparse_rows"]
 
@@ -134,15 +135,15 @@ def write_sparse_rows(path, X, y, *, n_shards=None, overwrite=False,
 
 
 def _csr(data, indices, indptr, shape) -> sp.csr_matrix:
-    """A CSR matrix on exactly these (already checked) arrays.
+    """A CSR matrix on these (already checked) arrays, with the index dtypes scikit-learn
+    takes (`dmp.io.sparse.sklearn_indices`: int32 unless too large).
 
-    Not ``csr_matrix((data, indices, indptr))``: scipy may downcast the index arrays and
-    copies any array that is a small view of a larger one, which would defeat the views
-    of `InMemorySparseRowDataset`.
+    Not ``csr_matrix((data, indices, indptr))``: scipy copies any array that is a small
+    view of a larger one, which would defeat the views of `InMemorySparseRowDataset`.
     """
     M = sp.csr_matrix(shape, dtype=np.float64)
     M.data, M.indices, M.indptr = data, indices, indptr
-    return M
+    return sklearn_indices(M)
 
 
 def _check_ks(ks, check_k) -> list[int]:
@@ -208,7 +209,8 @@ class SparseRowDataset(_StoredDataset):
         -------
         X_k : scipy.sparse.csr_matrix
             Rows ``row_bounds[k]:row_bounds[k+1]``, all ``n_features`` columns; float64
-            data, int32 sorted column indices, int64 indptr.
+            data, sorted column indices; int32 ``indices`` and ``indptr`` (int64 for both
+            beyond 2**31 - 1 values), as scikit-learn's estimators take them.
         y_k : numpy.ndarray
             Their targets, float64.
 
@@ -235,7 +237,8 @@ class SparseRowDataset(_StoredDataset):
         Returns
         -------
         X : scipy.sparse.csr_matrix
-            The rows of ``ks[0]``, then those of ``ks[1]``, ...
+            The rows of ``ks[0]``, then those of ``ks[1]``, ... (index dtypes as in
+            `load_rows`).
         y : numpy.ndarray
             Their targets, in the same order.
         """
@@ -322,8 +325,9 @@ class InMemorySparseRowDataset:
     The same reading interface as `SparseRowDataset` (``path`` is None) and the same row
     bounds as `write_sparse_rows` would choose for ``(X, y, n_shards)``.  An ``X`` that is
     already canonical float64 CSR (sorted indices, no duplicates, no stored zeros) is not
-    copied: loaded shards are views of its arrays (and of ``y`` when that is float64), so
-    do not modify them in place.
+    copied: loaded shards are views of its arrays (of ``indices`` where they are int32, as
+    shards hand them out, and of ``y`` when that is float64), so do not modify them in
+    place.
 
     Parameters
     ----------

@@ -144,6 +144,23 @@ def column_stats(M: sp.csc_matrix) -> tuple[np.ndarray, np.ndarray]:
                             np.asarray(M.data, dtype=np.float64))
 
 
+_INDEX32_MAX = int(np.iinfo(np.int32).max)
+
+
+def sklearn_indices(M):
+    """Give compressed ``M`` (CSR/CSC) one index dtype, in place, and return it.
+
+    int32 ``indices`` and ``indptr`` wherever its stored values and shape fit, int64 for
+    both beyond: scikit-learn's compiled estimators (Lasso, SGDClassifier, TruncatedSVD,
+    ...) accept no other combination, so every shard dmp hands out can go to them as it is.
+    """
+    big = M.indptr[-1] > _INDEX32_MAX or max(M.shape, default=0) > _INDEX32_MAX
+    dtype = np.int64 if big else np.int32
+    M.indices = M.indices.astype(dtype, copy=False)
+    M.indptr = M.indptr.astype(dtype, copy=False)
+    return M
+
+
 def _is_dask(x) -> bool:
     return type(x).__module__.startswith("dask.") and hasattr(x, "compute")
 
@@ -814,10 +831,12 @@ class SparseDataset(_StoredDataset):
 
     @staticmethod
     def _csc(data, indices, indptr, shape) -> sp.csc_matrix:
-        M = sp.csc_matrix((data, indices, indptr), shape=shape)
-        M.indices = indices.astype(np.int32, copy=False)
-        M.indptr = indptr.astype(np.int64, copy=False)
-        return M
+        # set, not passed to the constructor: scipy would check the (already checked)
+        # arrays again and pick the index dtype itself
+        M = sp.csc_matrix(shape, dtype=np.float64)
+        M.data, M.indices, M.indptr = data, indices, indptr
+        M.has_canonical_format = True
+        return sklearn_indices(M)
 
     def load_shard(self, k: int) -> sp.csc_matrix:
         """Load and validate shard ``k``.
@@ -825,8 +844,9 @@ class SparseDataset(_StoredDataset):
         Returns
         -------
         scipy.sparse.csc_matrix
-            Shape ``(n_samples, col_bounds[k+1] - col_bounds[k])``; float64 data,
-            int32 indices, int64 indptr.
+            Shape ``(n_samples, col_bounds[k+1] - col_bounds[k])``; float64 data, sorted
+            row indices; int32 ``indices`` and ``indptr`` (int64 for both beyond 2**31 - 1
+            values), as scikit-learn's estimators take them.
 
         Raises
         ------
@@ -847,7 +867,8 @@ class SparseDataset(_StoredDataset):
         Returns
         -------
         scipy.sparse.csc_matrix
-            Columns ``col_bounds[ks[0]]:col_bounds[ks[-1] + 1]``.
+            Columns ``col_bounds[ks[0]]:col_bounds[ks[-1] + 1]`` (index dtypes as in
+            `load_shard`).
         """
         ks = [self._check_k(k) for k in ks]
         if not ks:

@@ -12,7 +12,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .rows import SparseRowDataset, write_sparse_rows
-from .sparse import DatasetError, SparseDataset, write_sparse
+from .sparse import DatasetError, SparseDataset, sklearn_indices, write_sparse
 
 __all__ = ["read_svmlight", "convert_svmlight"]
 
@@ -141,6 +141,8 @@ def read_svmlight(path, *, n_features=None, zero_based="auto"):
     Returns
     -------
     X : scipy.sparse.csr_matrix of float64, shape (n, p)
+        int32 ``indices`` and ``indptr`` (int64 beyond 2**31 - 1 values), as
+        scikit-learn's estimators take them.
     y : numpy.ndarray of float64, shape (n,)
 
     Raises
@@ -184,7 +186,7 @@ def read_svmlight(path, *, n_features=None, zero_based="auto"):
             raise DatasetError(f"cannot parse svmlight file {path!r}: {e}") from None
         raise DatasetError(f"{path}:{found[0]}: cannot parse the svmlight line: {found[1]}") \
             from None
-    X = sp.csr_matrix(X, dtype=np.float64)
+    X = sklearn_indices(sp.csr_matrix(X, dtype=np.float64))
     y = np.asarray(y, dtype=np.float64)
     if X.shape[0] == 0:
         raise DatasetError(f"svmlight file {path!r} contains no samples")
