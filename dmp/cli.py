@@ -115,6 +115,10 @@ def _cmd_data_info(args) -> int:
     if isinstance(ds, SparseRowDataset):
         print(f"kind: {ds.KIND}")
         print(f"row_bounds: {ds.row_bounds.tolist()}")
+        names = ds.load_names()
+        if names is not None:
+            shown = ", ".join(str(x) for x in names[:3]) + (", ..." if len(names) > 3 else "")
+            print(f"names: {len(names)} ({shown})")
     if isinstance(ds, DenseDataset):
         print(f"kind: {ds.KIND}")
         print(f"row_bounds: {ds.row_bounds.tolist()}")

@@ -52,7 +52,8 @@ def _row_bounds(src, n_shards):
 
 
 def write_sparse_rows(path, X, y, *, n_shards=None, overwrite=False,
-                      storage_options=None, vocabulary=None) -> "SparseRowDataset":
+                      storage_options=None, vocabulary=None,
+                      names=None) -> "SparseRowDataset":
     """Write a design matrix and targets as a row-block sparse dataset.
 
     Parameters
@@ -74,6 +75,9 @@ def write_sparse_rows(path, X, y, *, n_shards=None, overwrite=False,
         fsspec options for remote URLs.
     vocabulary : sequence of str, optional
         One name per column (a corpus's words), stored as the string array ``vocabulary``.
+    names : sequence of str, optional
+        One name per row (a corpus's documents: file names, source lines), stored as the
+        string array ``names`` and read back by `SparseRowDataset.load_names`.
 
     Returns
     -------
@@ -95,12 +99,16 @@ def write_sparse_rows(path, X, y, *, n_shards=None, overwrite=False,
         vocabulary = np.asarray([str(w) for w in vocabulary], dtype=np.dtypes.StringDType())
         if vocabulary.shape != (p,):
             raise DatasetError(f"vocabulary has {len(vocabulary)} entries, X has {p} columns")
+    if names is not None:
+        names = np.asarray([str(w) for w in names], dtype=np.dtypes.StringDType())
+        if names.shape != (n,):
+            raise DatasetError(f"names has {len(names)} entries, X has {n} rows")
 
     attrs: dict[str, Any] = {
         "dmp_format": FORMAT_VERSION, "kind": KIND, "shape": [int(n), int(p)],
         "nnz": total, "n_shards": n_shards, "row_bounds": [int(r) for r in row_bounds],
         "dtype": "float64", "complete": False, "created_by": "dmp",
-        "vocabulary": vocabulary is not None, "column_sums": True,
+        "vocabulary": vocabulary is not None, "column_sums": True, "names": names is not None,
     }
 
     def fill(g):
@@ -110,6 +118,9 @@ def write_sparse_rows(path, X, y, *, n_shards=None, overwrite=False,
             z = g.create_array("vocabulary", shape=(p,), dtype=str,
                                chunks=(max(1, min(p, 1 << 20)),))
             z[:] = vocabulary
+        if names is not None:
+            z = g.create_array("names", shape=(n,), dtype=str, chunks=(max(1, min(n, 1 << 20)),))
+            z[:] = names
         shard_nnz = []
         col_sums = np.zeros(p)
         for k in range(n_shards):
@@ -263,29 +274,46 @@ class SparseRowDataset(_StoredDataset):
         if total != self.nnz:
             raise DatasetError(f"dataset: shards hold {total} nonzeros, attribute 'nnz' "
                                f"says {self.nnz}")
+        self.load_vocabulary()
+        self.load_names()
         return self
+
+    def _strings(self, name: str, n: int):
+        """The string array ``name`` of length ``n``, checked."""
+        g = self._group()
+        try:
+            z = g[name]
+        except KeyError:
+            raise DatasetError(f"dataset: array {name!r} is missing "
+                               f"({self.path}/{name})") from None
+        except Exception as e:
+            raise DatasetError(f"dataset: array {name!r} has corrupt metadata "
+                               f"({type(e).__name__}: {e})") from None
+        if not hasattr(z, "dtype") or z.shape != (n,) or z.dtype.kind != "T":
+            raise DatasetError(f"dataset: {name!r} must be a string array of length {n}")
+        try:
+            return np.asarray(z[:])
+        except Exception as e:
+            raise DatasetError(f"dataset: cannot read {name!r} "
+                               f"({type(e).__name__}: {e})") from None
 
     def load_vocabulary(self):
         """The column names (a corpus's words) as a numpy string array, or None."""
         if not self._attrs_vocabulary:
             return None
-        g = self._group()
-        try:
-            z = g["vocabulary"]
-        except KeyError:
-            raise DatasetError(f"dataset: array 'vocabulary' is missing "
-                               f"({self.path}/vocabulary)") from None
-        except Exception as e:
-            raise DatasetError(f"dataset: array 'vocabulary' has corrupt metadata "
-                               f"({type(e).__name__}: {e})") from None
-        if not hasattr(z, "dtype") or z.shape != (self.n_features,) or z.dtype.kind != "T":
-            raise DatasetError(f"dataset: 'vocabulary' must be a string array of length "
-                               f"{self.n_features}")
-        try:
-            return np.asarray(z[:])
-        except Exception as e:
-            raise DatasetError(f"dataset: cannot read 'vocabulary' "
-                               f"({type(e).__name__}: {e})") from None
+        return self._strings("vocabulary", self.n_features)
+
+    def load_names(self):
+        """The row names (a corpus's documents) as a numpy string array, or None.
+
+        `dmp.io.convert_corpus` stores them: the file name of each document (text, one
+        document per file), ``"line N"`` of the source (text, one per line) or
+        ``"docID N"`` (UCI), so that every row can be traced to its source although
+        documents left without words are dropped.  Other stores have none.
+        """
+        if not self._attrs_names:
+            return None
+        return self._strings("names", self.n_samples)
 
     def column_sums(self):
         """Sum of every column (a corpus's word frequencies), or None for a store written

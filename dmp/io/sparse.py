@@ -665,6 +665,10 @@ class _StoredDataset:
                 raise DatasetError(f"attribute 'vocabulary' must be true or false, "
                                    f"got {vocab!r}")
             self._attrs_vocabulary = vocab
+            names = attrs.get("names", False)
+            if not isinstance(names, bool):
+                raise DatasetError(f"attribute 'names' must be true or false, got {names!r}")
+            self._attrs_names = names
             sums = attrs.get("column_sums", False)
             if not isinstance(sums, bool):
                 raise DatasetError(f"attribute 'column_sums' must be true or false, "
