@@ -105,6 +105,40 @@ def _cmd_data_convert(args) -> int:
     return 0
 
 
+def _validated(ds) -> str:
+    """What ``ds.validate()`` (which returned) checked, in one line."""
+    from .io import DenseDataset, RatingsDataset, SparseRowDataset
+    from .utils.text import plural
+
+    if isinstance(ds, RatingsDataset):
+        total = sum(ds.nnz_of(s) for s in ds.splits)
+        ids = "" if ds.load_ids()[0] is None else "; user and item ids distinct"
+        return (f"validated: ok ({plural(len(ds.splits), 'split')}, "
+                f"{plural(total, 'rating', grouped=True)}: every array present with its dtype "
+                f"and length, indices in range and sorted, ratings finite, the by-user and "
+                f"by-item copies equal, counts as in the metadata, no pair in two "
+                f"splits{ids})")
+    if isinstance(ds, DenseDataset):
+        queries = (f" and {plural(ds.n_queries, 'held-out query', 'held-out queries')}"
+                   if ds.n_queries else "")
+        return (f"validated: ok ({plural(ds.n_shards, 'shard')} of "
+                f"{plural(ds.n_samples, 'point', grouped=True)}{queries}: float32 of the "
+                f"declared shapes, every value finite)")
+    extra = ""
+    if isinstance(ds, SparseRowDataset):
+        extra = "".join(f", {what} of the right length"
+                        for what, there in (("vocabulary", ds.load_vocabulary()),
+                                            ("document names", ds.load_names()))
+                        if there is not None)
+    else:
+        extra = ", column sums and squared norms matching the data"
+    return (f"validated: ok ({plural(ds.n_shards, 'shard')}, "
+            f"{plural(ds.nnz, 'stored value', grouped=True)} and "
+            f"{plural(ds.n_samples, 'target', grouped=True)}: every array present with its "
+            f"dtype and length, indices in range and strictly increasing, no stored zeros, "
+            f"values and targets finite, counts as in the metadata{extra})")
+
+
 def _cmd_data_info(args) -> int:
     from .io import DenseDataset, RatingsDataset, SparseRowDataset, open_dataset
 
@@ -132,8 +166,8 @@ def _cmd_data_info(args) -> int:
         lo_hi = "" if ds.rating_range is None else \
             f", ratings in [{ds.rating_range[0]:g}, {ds.rating_range[1]:g}]"
         print(f"duplicates: {ds.duplicates}{lo_hi}")
-        if args.validate:
-            print("validated: ok")
+    if args.validate:
+        print(_validated(ds))
     return 0
 
 

@@ -316,8 +316,11 @@ class DenseDataset(_DenseBase):
         return Q
 
     def validate(self) -> "DenseDataset":
+        """Read every shard and the held-out queries; raise `DatasetError` on the first
+        that is missing, of another dtype or shape, or not finite."""
         for k in range(self.n_shards):
             self.load_shard(k)
+        self.load_queries()
         return self
 
 
