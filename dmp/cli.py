@@ -141,6 +141,7 @@ def _validated(ds) -> str:
 
 def _cmd_data_info(args) -> int:
     from .io import DenseDataset, RatingsDataset, SparseRowDataset, open_dataset
+    from .utils.text import plural
 
     ds = open_dataset(args.path)
     if args.validate:
@@ -159,7 +160,7 @@ def _cmd_data_info(args) -> int:
         print(f"held-out queries: {ds.n_queries}")
     if isinstance(ds, RatingsDataset):
         print(f"kind: {ds.KIND}")
-        print(f"shape: {ds.n_users} users x {ds.n_items} items")
+        print(f"shape: {plural(ds.n_users, 'user')} x {plural(ds.n_items, 'item')}")
         print(f"splits: {', '.join(ds.splits)}")
         for s in ds.splits:
             print(f"nnz[{s}]: {ds.nnz_of(s)}")

@@ -18,6 +18,7 @@ from ..engine.runner import history_arrays
 from ..io.sparse import require_store_kind
 from ..linear_model._lasso import seed_from
 from ..utils.estimator import SharedBackendMixin
+from ..utils.text import plural
 from . import _lda_kernels as K
 from ._lda_program import LDAProgram
 
@@ -208,7 +209,8 @@ class LatentDirichletAllocation(SharedBackendMixin, ClassNamePrefixFeaturesOutMi
                              f"{empty[:5].tolist()}; remove them before fitting")
         P = backend.n_partitions
         if X.shape[0] < P:
-            raise ValueError(f"{X.shape[0]} documents cannot be split over {P} workers")
+            raise ValueError(f"{plural(X.shape[0], 'document')} cannot be split over {P} "
+                             f"workers")
         y = np.zeros(X.shape[0])
         if backend.kind == "local":
             return InMemorySparseRowDataset(X, y, n_shards=P), None

@@ -19,6 +19,7 @@ from ..io.dense import (DenseDataset, InMemoryDenseDataset, _check_dense, append
 from ..io.sparse import _is_dask, require_store_kind
 from ..linear_model._lasso import seed_from
 from ..utils.estimator import SharedBackendMixin
+from ..utils.text import plural
 from ._parmac import ParMACProgram
 from ._retrieval import euclidean_neighbors, pack_codes
 
@@ -184,7 +185,7 @@ class BinaryAutoencoder(SharedBackendMixin, TransformerMixin, BaseEstimator):
             held[int(i)] = [P + len(parts) - 1]
             parts.append(Xa)
         if X.shape[0] < P:
-            raise ValueError(f"{X.shape[0]} points cannot be split over {P} workers")
+            raise ValueError(f"{plural(X.shape[0], 'point')} cannot be split over {P} workers")
         bounds = list(np.linspace(0, X.shape[0], P + 1).round().astype(np.int64))
         for Xa in parts[1:]:
             bounds.append(bounds[-1] + Xa.shape[0])

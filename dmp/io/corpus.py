@@ -23,6 +23,7 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 
+from ..utils.text import shown
 from .rows import SparseRowDataset, write_sparse_rows
 from .sparse import DatasetError, check_allocation
 
@@ -220,9 +221,9 @@ def read_text_named(source, *, per="line", stop_words="english", min_count=5,
     from sklearn.feature_extraction.text import CountVectorizer
 
     if per not in ("line", "file"):
-        raise ValueError(f"per must be 'line' or 'file', got {per!r}")
+        raise ValueError(f"per must be 'line' or 'file', got {shown(per)}")
     if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
-        raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
+        raise ValueError(f"min_count must be an integer >= 1, got {shown(min_count)}")
     try:
         re.compile(token_pattern)
     except re.error as e:
@@ -278,6 +279,6 @@ def convert_corpus(source, dest, *, format="uci", vocab=None, n_shards=None, ove
         X, vocabulary, _, names = read_text_named(source, per=per, stop_words=stop_words,
                                                   min_count=min_count)
     else:
-        raise ValueError(f"format must be 'uci' or 'text', got {format!r}")
+        raise ValueError(f"format must be 'uci' or 'text', got {shown(format)}")
     return write_sparse_rows(dest, X, np.zeros(X.shape[0]), n_shards=n_shards,
                              overwrite=overwrite, vocabulary=vocabulary, names=names)

@@ -39,6 +39,7 @@ import numpy as np
 import scipy.sparse as sp
 from zarr.codecs import BloscCodec, ZstdCodec
 
+from ..utils.text import plural, shown
 from .sparse import (FORMAT_VERSION, DatasetError, _atomic_write, _balanced_bounds,
                      _check_dest, _normalize_path, _StoredDataset, attr_int, attr_ints,
                      check_compressed)
@@ -61,7 +62,7 @@ _INT32_MAX = int(np.iinfo(np.int32).max)
 def _check_policy(duplicates) -> str:
     if not isinstance(duplicates, str) or duplicates not in DUPLICATES:
         raise ValueError(f"duplicates must be one of {', '.join(map(repr, DUPLICATES))}, "
-                         f"got {duplicates!r}")
+                         f"got {shown(duplicates)}")
     return duplicates
 
 
@@ -111,7 +112,7 @@ def _check_shape(shape, u: np.ndarray, i: np.ndarray) -> tuple[int, int]:
     except TypeError:
         ok = False
     if not ok:
-        raise ValueError(f"shape must be a pair of positive integers, got {shape!r}")
+        raise ValueError(f"shape must be a pair of positive integers, got {shown(shape)}")
     n_users, n_items = (int(s) for s in shape)
     for what, n, a in (("users", n_users, u), ("items", n_items, i)):
         if n > _INT32_MAX:
@@ -145,7 +146,7 @@ def _split_codes(split, n: int) -> np.ndarray:
                 idx = _as_index(f"split[{name!r}]", sel)
                 if idx.size and idx.max() >= n:
                     raise DatasetError(f"split[{name!r}]: index {int(idx.max())} out of range "
-                                       f"for {n} ratings")
+                                       f"for {plural(n, 'rating')}")
                 if len(np.unique(idx)) != len(idx):
                     raise DatasetError(f"split[{name!r}] repeats a rating index")
             taken = codes[idx] >= 0
@@ -155,7 +156,9 @@ def _split_codes(split, n: int) -> np.ndarray:
             codes[idx] = SPLITS.index(name)
         free = codes < 0
         if free.any():
-            raise DatasetError(f"{int(free.sum())} ratings are in no split (first at position "
+            n_free = int(free.sum())
+            raise DatasetError(f"{plural(n_free, 'rating')} {'is' if n_free == 1 else 'are'} "
+                               f"in no split (first at position "
                                f"{int(np.argmax(free))}); every rating needs one")
         return codes
     codes = np.asarray(split)
@@ -188,7 +191,7 @@ def _as_labels(name: str, ids, n: int) -> np.ndarray | None:
         raise DatasetError(f"{name} must hold integers or strings, got dtype {a.dtype}")
     u, c = np.unique(a, return_counts=True)
     if len(u) != n:
-        raise DatasetError(f"{name} has repeated labels (e.g. {u[np.argmax(c > 1)]!r})")
+        raise DatasetError(f"{name} has repeated labels (e.g. {shown(u[np.argmax(c > 1)])})")
     return a
 
 
@@ -449,7 +452,7 @@ class _RatingsBase:
         what = "users" if part == "rows" else "items"
         for v in (a0, a1):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise TypeError(f"{part} bounds must be integers, got {v!r}")
+                raise TypeError(f"{part} bounds must be integers, got {shown(v)}")
         a0, a1 = int(a0), int(a1)
         if not 0 <= a0 <= a1 <= extent:
             raise ValueError(f"{part} {a0}:{a1} out of range: need 0 <= start <= stop <= "
@@ -526,12 +529,12 @@ class _RatingsBase:
             ``n_parts`` is not an integer in ``[1, extent]`` or ``axis`` not 0 or 1.
         """
         if axis not in (0, 1) or isinstance(axis, bool):
-            raise ValueError(f"axis must be 0 (users) or 1 (items), got {axis!r}")
+            raise ValueError(f"axis must be 0 (users) or 1 (items), got {shown(axis)}")
         extent = self.shape[axis]
         what = "users" if axis == 0 else "items"
         if (isinstance(n_parts, bool) or not isinstance(n_parts, (int, np.integer))
                 or n_parts < 1):
-            raise ValueError(f"n_parts must be a positive integer, got {n_parts!r}")
+            raise ValueError(f"n_parts must be a positive integer, got {shown(n_parts)}")
         if n_parts > extent:
             raise ValueError(f"cannot split {extent} {what} into {n_parts} non-empty parts")
         ptr = self.row_indptr(split) if axis == 0 else self.col_indptr(split)
@@ -837,7 +840,7 @@ def _norm_sep(sep):
     if sep is None or sep in (" ", "whitespace"):
         return sep if sep is None else "whitespace"
     if not isinstance(sep, str) or not sep:
-        raise ValueError(f"sep must be a non-empty string, got {sep!r}")
+        raise ValueError(f"sep must be a non-empty string, got {shown(sep)}")
     return {"\\t": "\t", "tab": "\t"}.get(sep, sep)
 
 
@@ -859,15 +862,15 @@ class _Parsed:
 def _parse_file(path, fmt="auto", sep=None, header="auto", columns=None) -> _Parsed:
     if not isinstance(fmt, str) or fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(map(repr, FORMATS))}, "
-                         f"got {fmt!r}")
+                         f"got {shown(fmt)}")
     if header not in ("auto", True, False):
-        raise ValueError(f"header must be 'auto', True or False, got {header!r}")
+        raise ValueError(f"header must be 'auto', True or False, got {shown(header)}")
     if columns is not None and (len(columns) != 3 or not (
             all(isinstance(c, str) for c in columns)
             or all(isinstance(c, int) and not isinstance(c, bool) and c >= 0
                    for c in columns))):
         raise ValueError("columns must be three column positions (ints >= 0) or three "
-                         f"header names (user, item, rating), got {columns!r}")
+                         f"header names (user, item, rating), got {shown(columns)}")
     sep = _norm_sep(sep)
     path = os.path.expanduser(os.fspath(path))
     if not os.path.isfile(path):
@@ -955,10 +958,10 @@ def _parse_file(path, fmt="auto", sep=None, header="auto", columns=None) -> _Par
             if n_fields is not None and nf != n_fields:
                 fail(lineno, f"expected {n_fields} fields like the header, got {nf}")
             if nf < need or (kind == "movielens" and nf > 4):
-                shown = "whitespace" if delim == "whitespace" else repr(delim)
+                by = "whitespace" if delim == "whitespace" else repr(delim)
                 want = ("3 or 4 (user::item::rating[::timestamp])" if kind == "movielens"
                         else f"at least {need}")
-                fail(lineno, f"expected {want} fields separated by {shown}, got {nf}")
+                fail(lineno, f"expected {want} fields separated by {by}, got {nf}")
             ul, il, rs = fields[cu].strip(), fields[ci].strip(), fields[cr].strip()
             try:
                 x = float(rs)
@@ -1058,11 +1061,11 @@ def _check_fractions(split) -> tuple[float, float, float]:
         fr = tuple(float(x) for x in split)
     except (TypeError, ValueError):
         raise ValueError(f"split must be three fractions (train, valid, test), "
-                         f"got {split!r}") from None
+                         f"got {shown(split)}") from None
     if (len(fr) != 3 or not all(math.isfinite(x) and x >= 0 for x in fr)
             or abs(sum(fr) - 1) > 1e-9 or fr[0] <= 0):
         raise ValueError(f"split must be three non-negative fractions (train, valid, test) "
-                         f"summing to 1 with train > 0, got {split!r}")
+                         f"summing to 1 with train > 0, got {shown(split)}")
     return fr
 
 
@@ -1118,7 +1121,7 @@ def convert_ratings(source, dest, *, format="auto", split=(0.8, 0.1, 0.1), seed=
     fractions = _check_fractions(split)
     duplicates = _check_policy(duplicates)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-        raise ValueError(f"seed must be an integer or None, got {seed!r}")
+        raise ValueError(f"seed must be an integer or None, got {shown(seed)}")
     dest = _normalize_path(dest)
     _check_dest(dest, storage_options, overwrite)
     p, u, i, uids, iids = _read_indexed(source, format, sep, header, columns)
@@ -1126,7 +1129,7 @@ def convert_ratings(source, dest, *, format="auto", split=(0.8, 0.1, 0.1), seed=
     _check_shape(shape, u[:0], i[:0])
 
     def name_pair(a, b):
-        return f"user {uids[a]!r}, item {iids[b]!r}"
+        return f"user {shown(uids[a])}, item {shown(iids[b])}"
 
     def locate(pos):
         return f"line {int(p.lines[pos])}"
@@ -1137,7 +1140,7 @@ def convert_ratings(source, dest, *, format="auto", split=(0.8, 0.1, 0.1), seed=
     codes = _random_split(len(r), fractions, seed)
     if not np.any(codes == 0):
         raise DatasetError(f"{p.path}: the random split left the train split empty "
-                           f"({len(r)} ratings); use a larger train fraction")
+                           f"({plural(len(r), 'rating')}); use a larger train fraction")
     arrays, shape, rr = _prepare(u, i, r, shape, codes, "error")
     extra = {"source": os.path.basename(p.path), "split_fractions": list(fractions),
              "split_seed": None if seed is None else int(seed)}

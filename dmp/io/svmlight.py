@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 
+from ..utils.text import shown
 from .rows import SparseRowDataset, write_sparse_rows
 from .sparse import DatasetError, SparseDataset, sklearn_indices, write_sparse
 
@@ -169,7 +170,7 @@ def read_svmlight(path, *, n_features=None, zero_based="auto"):
     if n_features is not None and (isinstance(n_features, bool)
                                    or not isinstance(n_features, (int, np.integer))
                                    or n_features < 1):
-        raise ValueError(f"n_features must be a positive integer, got {n_features!r}")
+        raise ValueError(f"n_features must be a positive integer, got {shown(n_features)}")
     try:
         # n_features is applied below, where the line holding a larger index can be named
         X, y = load_svmlight_file(path, zero_based=zero_based, dtype=np.float64)
@@ -240,7 +241,7 @@ def convert_svmlight(src, dest, *, n_shards=None, n_features=None, overwrite=Fal
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(map(repr, LAYOUTS))}, "
-                         f"got {layout!r}")
+                         f"got {shown(layout)}")
     X, y = read_svmlight(src, n_features=n_features)
     write = write_sparse if layout == "columns" else write_sparse_rows
     return write(dest, X, y, n_shards=n_shards, overwrite=overwrite)

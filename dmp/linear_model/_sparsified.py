@@ -20,6 +20,7 @@ from ..engine import resolve_backend, run
 from ..engine.runner import history_arrays
 from ..io.sparse import require_store_kind
 from ..utils.estimator import SharedBackendMixin
+from ..utils.text import plural
 from ._lasso import seed_from
 from ._sparsified_program import SparsifiedProgram, block_bounds
 
@@ -136,7 +137,8 @@ class _SparsifiedBase(SharedBackendMixin, BaseEstimator):
         X = sp.csr_matrix(X)
         P = backend.n_partitions
         if X.shape[0] < P:
-            raise ValueError(f"{X.shape[0]} samples cannot be split over {P} workers")
+            raise ValueError(f"{plural(X.shape[0], 'sample')} cannot be split over {P} "
+                             f"workers")
         if backend.kind == "local":
             return InMemorySparseRowDataset(X, y, n_shards=P), None
         tmp = tempfile.mkdtemp(prefix="dmp-sparsified-")

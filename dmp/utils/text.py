@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numbers
 
+import numpy as np
+
 
 def plural(n, word: str, many: str | None = None, *, grouped: bool = False) -> str:
     """``n`` and ``word``, singular for exactly one: ``plural(1, "partition")`` is
@@ -24,3 +26,21 @@ def plural(n, word: str, many: str | None = None, *, grouped: bool = False) -> s
         n = int(n)
     shown = f"{n:,}" if grouped else f"{n}"
     return f"{shown} {word if n == 1 else (many or word + 's')}"
+
+
+def _python(x):
+    """``x`` with numpy scalars, also inside tuples, lists and dicts, as Python values."""
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, (list, tuple)):
+        return type(x)(_python(v) for v in x) if type(x) in (list, tuple) else x
+    if isinstance(x, dict):
+        return {_python(k): _python(v) for k, v in x.items()}
+    return x
+
+
+def shown(x) -> str:
+    """``repr(x)`` as a user reads it: numpy scalars (also in tuples, lists and dicts) shown
+    as the Python values they hold, ``3`` and ``(0, 3)``, never ``np.int64(3)`` (numpy 2's
+    repr)."""
+    return repr(_python(x))
