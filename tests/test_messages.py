@@ -75,3 +75,13 @@ def test_numpy_scalars_are_shown_as_python_values(tmp_path, labels, words):
             call()
         assert "np." not in str(e.value), str(e.value)
         assert "(0, 3)" in str(e.value) or "got 0" in str(e.value) or "e.g. 5" in str(e.value)
+
+
+def test_numpy_arguments_are_shown_as_python_values_outside_io():
+    from dmp.hashing._speedup import parmac_time
+
+    kw = dict(n_points=10, n_submodels=2, n_epochs=1, t_w=1.0, t_z=1.0, t_c=1.0)
+    with pytest.raises(ValueError, match=r"^P must be a positive integer, got 0$"):
+        parmac_time(np.int64(0), **kw)
+    with pytest.raises(ValueError, match=r"^t_w must be a finite time >= 0, got -1\.0$"):
+        parmac_time(2, **{**kw, "t_w": np.float64(-1.0)})

@@ -18,7 +18,7 @@ from ..engine.runner import history_arrays
 from ..io.sparse import require_store_kind
 from ..linear_model._lasso import seed_from
 from ..utils.estimator import SharedBackendMixin
-from ..utils.text import plural
+from ..utils.text import plural, shown
 from . import _lda_kernels as K
 from ._lda_program import LDAProgram
 
@@ -358,7 +358,7 @@ class LatentDirichletAllocation(SharedBackendMixin, ClassNamePrefixFeaturesOutMi
         ``vocabulary``)."""
         check_is_fitted(self, "components_")
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"n must be a positive integer, got {n!r}")
+            raise ValueError(f"n must be a positive integer, got {shown(n)}")
         order = np.argsort(-self.components_, axis=1, kind="stable")[:, :n]
         if vocabulary is None:
             return order.tolist()

@@ -19,7 +19,7 @@ from ..io.dense import (DenseDataset, InMemoryDenseDataset, _check_dense, append
 from ..io.sparse import _is_dask, require_store_kind
 from ..linear_model._lasso import seed_from
 from ..utils.estimator import SharedBackendMixin
-from ..utils.text import plural
+from ..utils.text import plural, shown
 from ._parmac import ParMACProgram
 from ._retrieval import euclidean_neighbors, pack_codes
 
@@ -179,7 +179,7 @@ class BinaryAutoencoder(SharedBackendMixin, TransformerMixin, BaseEstimator):
         held = {}
         for i, Xa in sorted((arrivals or {}).items()):
             if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 1:
-                raise ValueError(f"arrivals keys are MAC iterations >= 1, got {i!r}")
+                raise ValueError(f"arrivals keys are MAC iterations >= 1, got {shown(i)}")
             Xa = _check_dense(Xa.compute() if _is_dask(Xa) else Xa, f"arrivals[{i}]",
                               X.shape[1])
             held[int(i)] = [P + len(parts) - 1]
