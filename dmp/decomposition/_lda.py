@@ -20,7 +20,7 @@ from ..linear_model._lasso import seed_from
 from ..utils.estimator import SharedBackendMixin
 from ..utils.text import plural, shown
 from . import _lda_kernels as K
-from ._lda_program import LDAProgram
+from ._lda_program import LDAProgram, check_count_values
 
 
 def _is_row_dataset(X) -> bool:
@@ -49,15 +49,7 @@ def check_counts(X, what: str = "X", n_features: int | None = None) -> sp.csr_ma
     X.sum_duplicates()
     if X.shape[0] < 1 or X.shape[1] < 1:
         raise ValueError(f"{what} is empty (shape {X.shape})")
-    d = X.data
-    if not np.all(np.isfinite(d)):
-        raise ValueError(f"{what} contains NaN or infinite counts")
-    if np.any(d < 0):
-        raise ValueError(f"{what} contains negative counts (min {d.min():g})")
-    if np.any(d != np.round(d)):
-        bad = d[d != np.round(d)][0]
-        raise ValueError(f"{what} contains non-integer counts (e.g. {bad:g}); LDA needs "
-                         f"token counts")
+    check_count_values(X.data, what)
     if n_features is not None and X.shape[1] != n_features:
         raise ValueError(f"{what} has {X.shape[1]} words (columns), but the model was fitted "
                          f"on a vocabulary of {n_features}")
