@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 
 
 def _cmd_run(args) -> int:
@@ -46,10 +47,28 @@ def _cmd_k8s_cluster(args) -> int:
     return 0
 
 
+class _warnings_as_lines(warnings.catch_warnings):
+    """A data command's warnings (a file cut short, ...) as ``dmp: warning: ...`` lines,
+    not Python's ``file:line: UserWarning`` with a line of dmp's source."""
+
+    def __init__(self):
+        super().__init__(record=True)
+
+    def __enter__(self):
+        self._caught = super().__enter__()
+        return self._caught
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        for w in self._caught:
+            print(f"dmp: warning: {w.message}", file=sys.stderr)
+
+
 def _cmd_data_make(args) -> int:
     from .io import build_dataset
 
-    ds = build_dataset(args.recipe, args.output, overwrite=args.overwrite)
+    with _warnings_as_lines():
+        ds = build_dataset(args.recipe, args.output, overwrite=args.overwrite)
     print(ds)
     return 0
 
@@ -68,13 +87,20 @@ _OPTS = {
 
 
 def _cmd_data_convert(args) -> int:
-    from .io import convert_corpus, convert_features, convert_ratings, convert_svmlight
-
     own = _OPTS[args.format]
     given = sorted({flag for opts in _OPTS.values() for dest, flag in opts.items()
                     if dest not in own and getattr(args, dest) is not None})
     if given:
         raise ValueError(f"{', '.join(given)}: not an option of {args.format} conversion")
+    with _warnings_as_lines():
+        ds = _convert(args)
+    print(ds)
+    return 0
+
+
+def _convert(args):
+    from .io import convert_corpus, convert_features, convert_ratings, convert_svmlight
+
     if args.format == "svmlight":
         ds = convert_svmlight(args.source, args.dest, n_shards=args.shards,
                               n_features=args.n_features, overwrite=args.overwrite,
@@ -101,8 +127,7 @@ def _cmd_data_convert(args) -> int:
                               overwrite=args.overwrite)
     else:
         raise ValueError(f"unknown format {args.format!r}; known: {', '.join(_OPTS)}")
-    print(ds)
-    return 0
+    return ds
 
 
 def _validated(ds) -> str:

@@ -134,3 +134,18 @@ def test_value_errors_name_the_line(tmp_path):
         read_svmlight(f, n_features=5)
     X, _ = read_svmlight(f, n_features=12)
     assert X.shape == (2, 12) and X[1, 8] == 1
+
+
+def test_the_command_line_prints_the_warning_as_one_line(tmp_path, capsys):
+    from dmp.cli import main
+
+    f = tmp_path / "cut.svm"
+    f.write_bytes(b"1 1:0.5 3:2\n2 1:0.3 4:1")
+    assert main(["data", "convert", "svmlight", str(f), str(tmp_path / "c.zarr")]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"dmp: warning: {f}:2: the svmlight file does not end with a "
+                          f"newline") and "UserWarning" not in err
+    f.write_bytes(b"1 1:0.5 3:2\n2 1:0.3 4:\n")
+    assert main(["data", "convert", "svmlight", str(f), str(tmp_path / "d.zarr")]) == 2
+    assert f"{f}:2: cannot parse the svmlight line: the feature '4:' has no value" in \
+        capsys.readouterr().err
