@@ -85,3 +85,12 @@ def test_numpy_arguments_are_shown_as_python_values_outside_io():
         parmac_time(np.int64(0), **kw)
     with pytest.raises(ValueError, match=r"^t_w must be a finite time >= 0, got -1\.0$"):
         parmac_time(2, **{**kw, "t_w": np.float64(-1.0)})
+
+
+def test_a_one_byte_vecs_file_is_singular(tmp_path):
+    from dmp.io import read_vecs
+
+    f = tmp_path / "x.fvecs"
+    f.write_bytes(b"\x01")
+    with pytest.raises(ValueError, match=r"empty or truncated file \(1 byte\)$"):
+        read_vecs(f)

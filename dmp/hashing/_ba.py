@@ -161,7 +161,7 @@ class BinaryAutoencoder(SharedBackendMixin, TransformerMixin, BaseEstimator):
                 for k in ks:
                     if not 0 <= k < X.n_shards:
                         raise ValueError(f"arrival shard {k} out of range: the dataset has "
-                                         f"{X.n_shards} shards")
+                                         f"{plural(X.n_shards, 'shard')}")
             return X, held, None
         if not (_is_dask(X) or isinstance(X, np.ndarray)):
             X = np.asarray(X)

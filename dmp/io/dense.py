@@ -373,7 +373,7 @@ def read_vecs(path, *, mmap: bool = True) -> np.ndarray:
     dtype = np.dtype(dtypes[ext])
     size = os.path.getsize(path)
     if size < 4:
-        raise ValueError(f"{path!r}: empty or truncated file ({size} bytes)")
+        raise ValueError(f"{path!r}: empty or truncated file ({plural(size, 'byte')})")
     d = int(np.fromfile(path, dtype="<i4", count=1)[0])
     if d < 1 or d > 1 << 24:
         raise ValueError(f"{path!r}: first record has dimension {d}; not a {ext} file")
