@@ -175,10 +175,10 @@ def _cmd_data_info(args) -> int:
     if isinstance(ds, SparseRowDataset):
         print(f"kind: {ds.KIND}")
         print(f"row_bounds: {ds.row_bounds.tolist()}")
-        names = ds.load_names()
+        names = ds.load_names(0, 3)   # not all of them: a corpus may have millions
         if names is not None:
-            shown = ", ".join(str(x) for x in names[:3]) + (", ..." if len(names) > 3 else "")
-            print(f"names: {len(names)} ({shown})")
+            first = ", ".join(str(x) for x in names) + (", ..." if ds.n_samples > 3 else "")
+            print(f"names: {ds.n_samples} ({first})")
     if isinstance(ds, DenseDataset):
         print(f"kind: {ds.KIND}")
         print(f"row_bounds: {ds.row_bounds.tolist()}")

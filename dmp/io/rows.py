@@ -278,8 +278,8 @@ class SparseRowDataset(_StoredDataset):
         self.load_names()
         return self
 
-    def _strings(self, name: str, n: int):
-        """The string array ``name`` of length ``n``, checked."""
+    def _strings(self, name: str, n: int, sel: slice = slice(None)):
+        """``sel`` of the string array ``name`` of length ``n``, checked."""
         g = self._group()
         try:
             z = g[name]
@@ -292,7 +292,7 @@ class SparseRowDataset(_StoredDataset):
         if not hasattr(z, "dtype") or z.shape != (n,) or z.dtype.kind != "T":
             raise DatasetError(f"dataset: {name!r} must be a string array of length {n}")
         try:
-            return np.asarray(z[:])
+            return np.asarray(z[sel])
         except Exception as e:
             raise DatasetError(f"dataset: cannot read {name!r} "
                                f"({type(e).__name__}: {e})") from None
@@ -303,8 +303,9 @@ class SparseRowDataset(_StoredDataset):
             return None
         return self._strings("vocabulary", self.n_features)
 
-    def load_names(self):
-        """The row names (a corpus's documents) as a numpy string array, or None.
+    def load_names(self, start: int = 0, stop: int | None = None):
+        """The names of rows ``start:stop`` (default all; a corpus's documents) as a numpy
+        string array, or None.
 
         `dmp.io.convert_corpus` stores them: the file name of each document (text, one
         document per file), ``"line N"`` of the source (text, one per line) or
@@ -313,7 +314,7 @@ class SparseRowDataset(_StoredDataset):
         """
         if not self._attrs_names:
             return None
-        return self._strings("names", self.n_samples)
+        return self._strings("names", self.n_samples, slice(start, stop))
 
     def column_sums(self):
         """Sum of every column (a corpus's word frequencies), or None for a store written

@@ -156,6 +156,8 @@ def test_document_names_round_trip_through_the_store(tmp_path, capsys):
     f.write_text("cat dog\n\nthe of\ndog mat\n")
     ds = convert_corpus(f, tmp_path / "l.zarr", format="text", min_count=1)
     assert ds.load_names().tolist() == ["line 1", "line 4"]
+    assert ds.load_names(1).tolist() == ["line 4"] and ds.load_names(0, 1).tolist() == \
+        ["line 1"]
     doc, v = _uci(tmp_path, "4\n5\n3\n1 1 2\n3 3 1\n4 2 4\n")
     ds = convert_corpus(doc, tmp_path / "u.zarr", vocab=v)
     assert ds.load_names().tolist() == ["docID 1", "docID 3", "docID 4"]
