@@ -122,9 +122,9 @@ def _check_final_newline(path: str, n_samples: int) -> None:
         return   # a comment or blank space: no sample can have been cut
     warnings.warn(f"{path}:{n_lines + 1}: the svmlight file does not end with a newline, so "
                   f"its last line may have been cut short (an interrupted download or copy?) "
-                  f"and sample {n_samples - 1} may be missing features; it was read as it "
-                  f"stands, with {len(last) - 1} token(s) after the label. End the file with "
-                  f"a newline if it is complete", UserWarning, stacklevel=_user_stacklevel())
+                  f"and its sample (row {n_samples - 1}) may be missing features; it was "
+                  f"read as it stands. End the file with a newline if it is complete",
+                  UserWarning, stacklevel=_user_stacklevel())
 
 
 def read_svmlight(path, *, n_features=None, zero_based="auto"):

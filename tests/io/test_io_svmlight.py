@@ -77,7 +77,8 @@ def test_a_file_cut_at_a_token_boundary_warns_and_names_its_last_line(tmp_path):
     f = tmp_path / "cut.svm"
     f.write_bytes(b"1 1:0.5 3:2\n# a comment\n\n2 1:0.3 4:1.5 7:2\n1 2:1 5:3")  # cut after "5:3"
     with pytest.warns(UserWarning, match=r"cut\.svm:5: the svmlight file does not end with "
-                                         r"a newline.*sample 2 may be missing features") as w:
+                                         r"a newline.*its sample \(row 2\) may be missing "
+                                         r"features") as w:
         X, y = read_svmlight(f)
     assert w[0].filename == __file__   # the warning points at the caller, not into dmp
     assert X.shape == (3, 7) and X[2].toarray().tolist() == [[0, 1, 0, 0, 3, 0, 0]]
