@@ -800,23 +800,25 @@ def _named_columns(fields) -> tuple[int, int, int] | None:
 
 
 def _unnamed_columns(fields) -> str | None:
-    """Why a header that names columns does not locate the user, item and rating columns
-    (None when it names none of them, or all three)."""
+    """Why a header that names columns (user, item, rating or time ones) does not locate
+    exactly one user, one item and one rating column; None when it names no known column
+    at all, or locates all three."""
     names = [_norm_name(f) for f in fields]
     known = (("user", _USER_NAMES), ("item", _ITEM_NAMES), ("rating", _RATING_NAMES))
     if not any(n in _OTHER_NAMES or any(n in k for _, k in known) for n in names):
         return None
-    found, missing = [], []
+    found, missing, located = [], [], 0
     for what, k in known:
         pos = [j for j, n in enumerate(names) if n in k]
         if len(pos) == 1:
             found.append(f"{what} {fields[pos[0]]!r}")
+            located += 1
         elif pos:
             found.append(f"{len(pos)} {what} columns "
                          f"({', '.join(repr(fields[j]) for j in pos)})")
         else:
             missing.append(what)
-    if not missing and len(found) == 3 and all("columns" not in f for f in found):
+    if located == 3:
         return None
     if not found:
         return "names none of them"
