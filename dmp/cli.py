@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 
 
 #: dest: (option, the Dask setting it gives, help)
@@ -85,10 +86,28 @@ def _cmd_k8s_cluster(args) -> int:
     return 0
 
 
+class _warnings_as_lines(warnings.catch_warnings):
+    """A data command's warnings (a file cut short, ...) as ``dmp: warning: ...`` lines,
+    not Python's ``file:line: UserWarning`` with a line of dmp's source."""
+
+    def __init__(self):
+        super().__init__(record=True)
+
+    def __enter__(self):
+        self._caught = super().__enter__()
+        return self._caught
+
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        for w in self._caught:
+            print(f"dmp: warning: {w.message}", file=sys.stderr)
+
+
 def _cmd_data_make(args) -> int:
     from .io import build_dataset
 
-    ds = build_dataset(args.recipe, args.output, overwrite=args.overwrite)
+    with _warnings_as_lines():
+        ds = build_dataset(args.recipe, args.output, overwrite=args.overwrite)
     print(ds)
     return 0
 
@@ -96,7 +115,7 @@ def _cmd_data_make(args) -> int:
 _OPTS = {
     "svmlight": {"shards": "--shards", "layout": "--layout", "n_features": "--n-features"},
     "ratings": {"file_format": "--format", "split": "--split", "seed": "--seed",
-                "duplicates": "--duplicates", "sep": "--sep"},
+                "duplicates": "--duplicates", "sep": "--sep", "columns": "--columns"},
     "uci": {"shards": "--shards", "vocab": "--vocab"},
     "text": {"shards": "--shards", "per": "--per", "min_count": "--min-count",
              "stop_words": "--stop-words"},
@@ -107,13 +126,20 @@ _OPTS = {
 
 
 def _cmd_data_convert(args) -> int:
-    from .io import convert_corpus, convert_features, convert_ratings, convert_svmlight
-
     own = _OPTS[args.format]
     given = sorted({flag for opts in _OPTS.values() for dest, flag in opts.items()
                     if dest not in own and getattr(args, dest) is not None})
     if given:
         raise ValueError(f"{', '.join(given)}: not an option of {args.format} conversion")
+    with _warnings_as_lines():
+        ds = _convert(args)
+    print(ds)
+    return 0
+
+
+def _convert(args):
+    from .io import convert_corpus, convert_features, convert_ratings, convert_svmlight
+
     if args.format == "svmlight":
         ds = convert_svmlight(args.source, args.dest, n_shards=args.shards,
                               n_features=args.n_features, overwrite=args.overwrite,
@@ -123,7 +149,7 @@ def _cmd_data_convert(args) -> int:
                              split=args.split or (0.8, 0.1, 0.1),
                              seed=0 if args.seed is None else args.seed,
                              duplicates=args.duplicates or "error", sep=args.sep,
-                             overwrite=args.overwrite)
+                             columns=args.columns, overwrite=args.overwrite)
     elif args.format in ("uci", "text"):
         ds = convert_corpus(args.source, args.dest, format=args.format, vocab=args.vocab,
                             n_shards=args.shards, overwrite=args.overwrite,
@@ -140,12 +166,46 @@ def _cmd_data_convert(args) -> int:
                               overwrite=args.overwrite)
     else:
         raise ValueError(f"unknown format {args.format!r}; known: {', '.join(_OPTS)}")
-    print(ds)
-    return 0
+    return ds
+
+
+def _validated(ds) -> str:
+    """What ``ds.validate()`` (which returned) checked, in one line."""
+    from .io import DenseDataset, RatingsDataset, SparseRowDataset
+    from .utils.text import plural
+
+    if isinstance(ds, RatingsDataset):
+        total = sum(ds.nnz_of(s) for s in ds.splits)
+        ids = "" if ds.load_ids()[0] is None else "; user and item ids distinct"
+        return (f"validated: ok ({plural(len(ds.splits), 'split')}, "
+                f"{plural(total, 'rating', grouped=True)}: every array present with its dtype "
+                f"and length, indices in range and sorted, ratings finite, the by-user and "
+                f"by-item copies equal, counts as in the metadata, no pair in two "
+                f"splits{ids})")
+    if isinstance(ds, DenseDataset):
+        queries = (f" and {plural(ds.n_queries, 'held-out query', 'held-out queries')}"
+                   if ds.n_queries else "")
+        return (f"validated: ok ({plural(ds.n_shards, 'shard')} of "
+                f"{plural(ds.n_samples, 'point', grouped=True)}{queries}: float32 of the "
+                f"declared shapes, every value finite)")
+    extra = ""
+    if isinstance(ds, SparseRowDataset):
+        extra = "".join(f", {what} of the right length"
+                        for what, there in (("vocabulary", ds.load_vocabulary()),
+                                            ("document names", ds.load_names()))
+                        if there is not None)
+    else:
+        extra = ", column sums and squared norms matching the data"
+    return (f"validated: ok ({plural(ds.n_shards, 'shard')}, "
+            f"{plural(ds.nnz, 'stored value', grouped=True)} and "
+            f"{plural(ds.n_samples, 'target', grouped=True)}: every array present with its "
+            f"dtype and length, indices in range and strictly increasing, no stored zeros, "
+            f"values and targets finite, counts as in the metadata{extra})")
 
 
 def _cmd_data_info(args) -> int:
     from .io import DenseDataset, RatingsDataset, SparseRowDataset, open_dataset
+    from .utils.text import plural
 
     ds = open_dataset(args.path)
     if args.validate:
@@ -154,21 +214,25 @@ def _cmd_data_info(args) -> int:
     if isinstance(ds, SparseRowDataset):
         print(f"kind: {ds.KIND}")
         print(f"row_bounds: {ds.row_bounds.tolist()}")
+        names = ds.load_names(0, 3)   # not all of them: a corpus may have millions
+        if names is not None:
+            first = ", ".join(str(x) for x in names) + (", ..." if ds.n_samples > 3 else "")
+            print(f"names: {ds.n_samples} ({first})")
     if isinstance(ds, DenseDataset):
         print(f"kind: {ds.KIND}")
         print(f"row_bounds: {ds.row_bounds.tolist()}")
         print(f"held-out queries: {ds.n_queries}")
     if isinstance(ds, RatingsDataset):
         print(f"kind: {ds.KIND}")
-        print(f"shape: {ds.n_users} users x {ds.n_items} items")
+        print(f"shape: {plural(ds.n_users, 'user')} x {plural(ds.n_items, 'item')}")
         print(f"splits: {', '.join(ds.splits)}")
         for s in ds.splits:
             print(f"nnz[{s}]: {ds.nnz_of(s)}")
         lo_hi = "" if ds.rating_range is None else \
             f", ratings in [{ds.rating_range[0]:g}, {ds.rating_range[1]:g}]"
         print(f"duplicates: {ds.duplicates}{lo_hi}")
-        if args.validate:
-            print("validated: ok")
+    if args.validate:
+        print(_validated(ds))
     return 0
 
 
@@ -181,6 +245,18 @@ def _fractions(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"expected three comma-separated fractions "
                                          f"train,valid,test (e.g. 0.8,0.1,0.1), got {text!r}")
     return fr
+
+
+def _columns(text: str) -> tuple:
+    """``--columns``: three header names, or three 0-based positions, comma-separated."""
+    parts = [x.strip() for x in text.split(",")]
+    if len(parts) != 3 or not all(parts):
+        raise argparse.ArgumentTypeError(f"expected three comma-separated columns USER,ITEM,"
+                                         f"RATING (header names, or 0-based positions such "
+                                         f"as 0,1,3), got {text!r}")
+    if all(x.isdigit() for x in parts):
+        return tuple(int(x) for x in parts)
+    return tuple(parts)
 
 
 def _int_at_least(low: int):
@@ -290,6 +366,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ratings: repeated (user, item) pairs (default error)")
     c.add_argument("--sep", default=None,
                    help="ratings: field delimiter (default sniffed; '\\t' or 'tab' for tab)")
+    c.add_argument("--columns", type=_columns, default=None,
+                   help="ratings: the user, item and rating columns, by header name "
+                        "(userId,movieId,stars) or 0-based position (0,1,3) (default: "
+                        "found by name in the header, else the first three)")
     c.add_argument("--vocab", default=None, help="uci: the vocab.*.txt file")
     c.add_argument("--per", choices=["line", "file"], default=None,
                    help="text: one document per line of SOURCE, or per file of the "

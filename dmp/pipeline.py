@@ -40,6 +40,7 @@ import yaml
 
 from .engine.backends.dask import cluster_workers
 from .io.sparse import DatasetError, require_store_kind
+from .utils.text import plural
 
 _KEYS = {"name", "description", "dataset", "estimator", "compare", "cluster",
          "checkpoint_every", "output", "reference", "checkpoints", "storage_options",
@@ -556,7 +557,8 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
                          checkpoint_every=int(spec.get("checkpoint_every", 50)),
                          resume=bool(resume and has_ckpt))
             est = cls(**p, show_progress=show_progress)
-            where = (f"{p.get('n_workers') or n_workers} partitions on {n_workers} Dask workers"
+            where = (f"{plural(p.get('n_workers') or n_workers, 'partition')} on "
+                     f"{plural(n_workers, 'Dask worker')}"
                      if p["backend"] is client else f"backend {p['backend']!r}")
             what = f" ({cmp_key}={value})" if cmp_key else ""
             log(f"fitting {est_spec['class']}{what} with {where}")

@@ -407,3 +407,48 @@ def test_embedded_cluster_keeps_dask_housekeeping_quiet():
     finally:
         client.close()
         cluster.close()
+
+
+def test_data_info_validate_says_what_it_checked(tmp_path, capsys):
+    """`dmp data info --validate` names what it read and checked, for every kind of store
+    (singular for one shard), and fails with the problem on a corrupt one."""
+    from dmp.io import write_dense, write_ratings, write_sparse, write_sparse_rows
+
+    rng = np.random.default_rng(0)
+    X = np.where(rng.random((40, 6)) < 0.4, rng.integers(1, 5, (40, 6)), 0).astype(float)
+    X[:, 0] = 1.0
+    y = rng.standard_normal(40)
+    stores = {
+        "c.zarr": (write_sparse, (X, y), {"n_shards": 3},
+                   f"validated: ok (3 shards, {int((X != 0).sum())} stored values and 40 "
+                   f"targets: every array present with its dtype and length, indices in "
+                   f"range and strictly increasing, no stored zeros, values and targets "
+                   f"finite, counts as in the metadata, column sums and squared norms "
+                   f"matching the data)"),
+        "r.zarr": (write_sparse_rows, (X, y), {"n_shards": 1, "names": [f"d{i}" for i in
+                                                                        range(40)]},
+                   f"validated: ok (1 shard, {int((X != 0).sum())} stored values and 40 "
+                   f"targets: every array present with its dtype and length, indices in "
+                   f"range and strictly increasing, no stored zeros, values and targets "
+                   f"finite, counts as in the metadata, document names of the right "
+                   f"length)"),
+        "d.zarr": (write_dense, (X.astype(np.float32),), {"n_shards": 2},
+                   "validated: ok (2 shards of 40 points: float32 of the declared shapes, "
+                   "every value finite)"),
+        "m.zarr": (write_ratings, ([0, 1, 1], [2, 0, 1], [4.0, 3.0, 5.0]), {},
+                   "validated: ok (1 split, 3 ratings: every array present with its dtype "
+                   "and length, indices in range and sorted, ratings finite, the by-user "
+                   "and by-item copies equal, counts as in the metadata, no pair in two "
+                   "splits)"),
+    }
+    for name, (write, data, kw, words) in stores.items():
+        write(tmp_path / name, *data, **kw)
+        capsys.readouterr()
+        assert main(["data", "info", str(tmp_path / name), "--validate"]) == 0
+        out = capsys.readouterr().out
+        assert words in out, out
+        assert main(["data", "info", str(tmp_path / name)]) == 0
+        assert "validated" not in capsys.readouterr().out
+    zarr.open_group(tmp_path / "c.zarr")["shards/s0001/data"][:1] = np.nan
+    assert main(["data", "info", str(tmp_path / "c.zarr"), "--validate"]) == 2
+    assert "shard 1: 'data' contains NaN or infinite values" in capsys.readouterr().err

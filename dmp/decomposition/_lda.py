@@ -19,8 +19,9 @@ from ..io.sparse import require_store_kind
 from ..linear_model._lasso import seed_from
 from ..utils.estimator import SharedBackendMixin
 from ..utils.scratch import temporary_store_dir
+from ..utils.text import plural, shown
 from . import _lda_kernels as K
-from ._lda_program import LDAProgram
+from ._lda_program import LDAProgram, check_count_values
 
 
 def _is_row_dataset(X) -> bool:
@@ -49,15 +50,7 @@ def check_counts(X, what: str = "X", n_features: int | None = None) -> sp.csr_ma
     X.sum_duplicates()
     if X.shape[0] < 1 or X.shape[1] < 1:
         raise ValueError(f"{what} is empty (shape {X.shape})")
-    d = X.data
-    if not np.all(np.isfinite(d)):
-        raise ValueError(f"{what} contains NaN or infinite counts")
-    if np.any(d < 0):
-        raise ValueError(f"{what} contains negative counts (min {d.min():g})")
-    if np.any(d != np.round(d)):
-        bad = d[d != np.round(d)][0]
-        raise ValueError(f"{what} contains non-integer counts (e.g. {bad:g}); LDA needs "
-                         f"token counts")
+    check_count_values(X.data, what)
     if n_features is not None and X.shape[1] != n_features:
         raise ValueError(f"{what} has {X.shape[1]} words (columns), but the model was fitted "
                          f"on a vocabulary of {n_features}")
@@ -209,7 +202,8 @@ class LatentDirichletAllocation(SharedBackendMixin, ClassNamePrefixFeaturesOutMi
                              f"{empty[:5].tolist()}; remove them before fitting")
         P = backend.n_partitions
         if X.shape[0] < P:
-            raise ValueError(f"{X.shape[0]} documents cannot be split over {P} workers")
+            raise ValueError(f"{plural(X.shape[0], 'document')} cannot be split over {P} "
+                             f"workers")
         y = np.zeros(X.shape[0])
         # the checkpoint fingerprint: by content, not by the temporary store's path
         digest = content_digest(X)
@@ -359,7 +353,7 @@ class LatentDirichletAllocation(SharedBackendMixin, ClassNamePrefixFeaturesOutMi
         ``vocabulary``)."""
         check_is_fitted(self, "components_")
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise ValueError(f"n must be a positive integer, got {n!r}")
+            raise ValueError(f"n must be a positive integer, got {shown(n)}")
         order = np.argsort(-self.components_, axis=1, kind="stable")[:, :n]
         if vocabulary is None:
             return order.tolist()

@@ -31,6 +31,24 @@ from ..engine.program import Broadcast, Program, Sends
 from . import _lda_kernels as K
 
 
+def check_count_values(data, what: str) -> None:
+    """Raise `ValueError` unless every value of ``data`` is a token count (a finite,
+    non-negative integer).
+
+    The one check of LDA's input: `check_counts` runs it on an in-memory matrix on the
+    driver, `LDAProgram.init_partition` on every store shard as it loads on the worker.
+    """
+    d = np.asarray(data)
+    if not np.all(np.isfinite(d)):
+        raise ValueError(f"{what} contains NaN or infinite counts")
+    if np.any(d < 0):
+        raise ValueError(f"{what} contains negative counts (min {d.min():g})")
+    frac = d != np.round(d)
+    if np.any(frac):
+        raise ValueError(f"{what} contains non-integer counts (e.g. {d[frac][0]:g}); LDA "
+                         f"needs token counts")
+
+
 def word_blocks(n_words: int, n_blocks: int, seed: int,
                 weights=None) -> tuple[np.ndarray, np.ndarray]:
     """``(block, row)`` of every word; ``row`` is the word's position in its block (blocks
@@ -163,9 +181,28 @@ class LDAProgram(Program):
         self.word_freq = None if sums is None else np.asarray(sums, dtype=np.int64)
 
     # ================================================================== worker side
+    def _check_shards(self, X, ks) -> None:
+        """`check_count_values` of the loaded shards ``ks`` (stacked in ``X``), naming the
+        shard at fault."""
+        try:
+            check_count_values(X.data, "X")
+        except ValueError:
+            bounds, row = self.dataset.row_bounds, 0
+            where = getattr(self.dataset, "path", None)
+            where = "in memory" if where is None else repr(where)
+            for k in ks:
+                n = int(bounds[k + 1] - bounds[k])
+                check_count_values(X.data[X.indptr[row]:X.indptr[row + n]],
+                                   f"corpus {where}, shard {k}")
+                row += n
+            raise
+
     def init_partition(self, spec):
         X, _ = self.dataset.load_row_shards(spec["shards"])
         X = X.tocsr()
+        # a store is not checked on the driver (it never reads the shards): here, on the
+        # worker, with the check of in-memory input
+        self._check_shards(X, spec["shards"])
         P, p = spec["n_parts"], spec["index"]
         block, row = word_blocks(self.n_words, P, self.seed, self.word_freq)
         tok_doc, tok_row, tok_word, block_ptr, doc_len = expand_tokens(

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..engine.program import Broadcast, Program, Sends
 from ..kernels import mf as K
+from ..utils.text import plural
 
 #: bytes of a coordinate block in flight per round (all parts), for ``block_size="auto"``
 AUTO_BLOCK_BYTES = 64 * 2**20
@@ -89,8 +90,9 @@ class _MFBase(Program):
         ds = self.dataset
         n_users, n_items = ds.shape
         if n_partitions > min(n_users, n_items):
-            raise ValueError(f"{n_partitions} workers cannot share {n_users} users and "
-                             f"{n_items} items (each worker owns at least one of each)")
+            raise ValueError(f"{n_partitions} workers cannot share {plural(n_users, 'user')} "
+                             f"and {plural(n_items, 'item')} (each worker owns at least one "
+                             f"of each)")
         rb = ds.balanced_bounds(n_partitions, 0)
         cb = ds.balanced_bounds(n_partitions, 1)
         return [{"k": k, "n_parts": n_partitions, "rows": (int(rb[k]), int(rb[k + 1])),

@@ -19,6 +19,7 @@ from ..io.sparse import _is_dask, require_store_kind
 from ..linear_model._lasso import seed_from
 from ..utils.estimator import SharedBackendMixin
 from ..utils.scratch import temporary_store_dir
+from ..utils.text import plural, shown
 from ._parmac import ParMACProgram
 from ._retrieval import euclidean_neighbors, pack_codes
 
@@ -160,7 +161,7 @@ class BinaryAutoencoder(SharedBackendMixin, TransformerMixin, BaseEstimator):
                 for k in ks:
                     if not 0 <= k < X.n_shards:
                         raise ValueError(f"arrival shard {k} out of range: the dataset has "
-                                         f"{X.n_shards} shards")
+                                         f"{plural(X.n_shards, 'shard')}")
             return X, held, None
         if not (_is_dask(X) or isinstance(X, np.ndarray)):
             X = np.asarray(X)
@@ -178,13 +179,13 @@ class BinaryAutoencoder(SharedBackendMixin, TransformerMixin, BaseEstimator):
         held = {}
         for i, Xa in sorted((arrivals or {}).items()):
             if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 1:
-                raise ValueError(f"arrivals keys are MAC iterations >= 1, got {i!r}")
+                raise ValueError(f"arrivals keys are MAC iterations >= 1, got {shown(i)}")
             Xa = _check_dense(Xa.compute() if _is_dask(Xa) else Xa, f"arrivals[{i}]",
                               X.shape[1])
             held[int(i)] = [P + len(parts) - 1]
             parts.append(Xa)
         if X.shape[0] < P:
-            raise ValueError(f"{X.shape[0]} points cannot be split over {P} workers")
+            raise ValueError(f"{plural(X.shape[0], 'point')} cannot be split over {P} workers")
         bounds = list(np.linspace(0, X.shape[0], P + 1).round().astype(np.int64))
         for Xa in parts[1:]:
             bounds.append(bounds[-1] + Xa.shape[0])

@@ -25,17 +25,19 @@ import math
 
 import numpy as np
 
+from ..utils.text import shown
+
 
 def _check(P, n_points, n_submodels, n_epochs, t_w, t_z, t_c):
     if isinstance(P, bool) or int(P) != P or P < 1:
-        raise ValueError(f"P must be a positive integer, got {P!r}")
+        raise ValueError(f"P must be a positive integer, got {shown(P)}")
     for name, v in (("n_points", n_points), ("n_submodels", n_submodels),
                     ("n_epochs", n_epochs)):
         if int(v) != v or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+            raise ValueError(f"{name} must be a positive integer, got {shown(v)}")
     for name, v in (("t_w", t_w), ("t_z", t_z), ("t_c", t_c)):
         if not (math.isfinite(v) and v >= 0):
-            raise ValueError(f"{name} must be a finite time >= 0, got {v!r}")
+            raise ValueError(f"{name} must be a finite time >= 0, got {shown(v)}")
 
 
 def parmac_time(P, *, n_points, n_submodels, n_epochs, t_w, t_z, t_c, t_round=0.0,
@@ -59,7 +61,7 @@ def parmac_time(P, *, n_points, n_submodels, n_epochs, t_w, t_z, t_c, t_round=0.
     """
     _check(P, n_points, n_submodels, n_epochs, t_w, t_z, t_c)
     if not (math.isfinite(t_round) and t_round >= 0):
-        raise ValueError(f"t_round must be a finite time >= 0, got {t_round!r}")
+        raise ValueError(f"t_round must be a finite time >= 0, got {shown(t_round)}")
     per = math.ceil(n_submodels / P)
     comm = P * t_c if P > 1 else 0.0
     T_w = n_epochs * per * (n_points * t_w + comm)

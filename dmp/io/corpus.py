@@ -23,6 +23,7 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 
+from ..utils.text import shown
 from .rows import SparseRowDataset, write_sparse_rows
 from .sparse import DatasetError, check_allocation
 
@@ -147,6 +148,13 @@ def _locate_bad_line(docword):
     raise DatasetError(f"{docword}: malformed entries")
 
 
+def drop_empty_documents(X):
+    """A UCI collection without its documents that hold no words, and the names
+    (``"docID N"``) of those kept."""
+    kept = np.flatnonzero(np.diff(X.indptr) > 0)
+    return X[kept], [f"docID {k + 1}" for k in kept]
+
+
 def _documents(source, per: str):
     """(names, texts) of the collection; strict UTF-8."""
     source = os.fspath(source)
@@ -200,12 +208,22 @@ def read_text_corpus(source, *, per="line", stop_words="english", min_count=5,
     kept : ndarray of int
         Index of each kept document among the source's documents.
     """
+    X, vocabulary, kept, _ = read_text_named(source, per=per, stop_words=stop_words,
+                                             min_count=min_count, lowercase=lowercase,
+                                             token_pattern=token_pattern)
+    return X, vocabulary, kept
+
+
+def read_text_named(source, *, per="line", stop_words="english", min_count=5,
+                    lowercase=True, token_pattern=TOKEN_PATTERN):
+    """`read_text_corpus`, and the names of the kept documents (file names, or
+    ``"line N"``), as `convert_corpus` stores them."""
     from sklearn.feature_extraction.text import CountVectorizer
 
     if per not in ("line", "file"):
-        raise ValueError(f"per must be 'line' or 'file', got {per!r}")
+        raise ValueError(f"per must be 'line' or 'file', got {shown(per)}")
     if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
-        raise ValueError(f"min_count must be an integer >= 1, got {min_count!r}")
+        raise ValueError(f"min_count must be an integer >= 1, got {shown(min_count)}")
     try:
         re.compile(token_pattern)
     except re.error as e:
@@ -226,7 +244,7 @@ def read_text_corpus(source, *, per="line", stop_words="english", min_count=5,
         raise DatasetError(f"{os.fspath(source)}: no word occurs min_count={min_count} times")
     X = X[:, keep_w].tocsr()
     kept = np.flatnonzero(np.diff(X.indptr) > 0)
-    return X[kept], [str(w) for w in vocab[keep_w]], kept
+    return X[kept], [str(w) for w in vocab[keep_w]], kept, [names[k] for k in kept]
 
 
 def convert_corpus(source, dest, *, format="uci", vocab=None, n_shards=None, overwrite=False,
@@ -250,15 +268,17 @@ def convert_corpus(source, dest, *, format="uci", vocab=None, n_shards=None, ove
     Returns
     -------
     SparseRowDataset
-        With ``load_vocabulary()``; documents without tokens are dropped.
+        With ``load_vocabulary()`` (the words) and ``load_names()`` (each document's file
+        name, ``"line N"`` of the source, or UCI ``"docID N"``); documents without tokens
+        are dropped.
     """
     if format == "uci":
         X, vocabulary = read_uci_bow(source, vocab)
-        X = X[np.diff(X.indptr) > 0]
+        X, names = drop_empty_documents(X)
     elif format == "text":
-        X, vocabulary, _ = read_text_corpus(source, per=per, stop_words=stop_words,
-                                            min_count=min_count)
+        X, vocabulary, _, names = read_text_named(source, per=per, stop_words=stop_words,
+                                                  min_count=min_count)
     else:
-        raise ValueError(f"format must be 'uci' or 'text', got {format!r}")
+        raise ValueError(f"format must be 'uci' or 'text', got {shown(format)}")
     return write_sparse_rows(dest, X, np.zeros(X.shape[0]), n_shards=n_shards,
-                             overwrite=overwrite, vocabulary=vocabulary)
+                             overwrite=overwrite, vocabulary=vocabulary, names=names)

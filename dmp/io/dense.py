@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ..utils.text import plural, shown
 from .sparse import (FORMAT_VERSION, DatasetError, _atomic_write, _check_dest, _is_dask,
                      _normalize_path, _open_group, attr_int, attr_ints, check_allocation,
                      partition_shards)
@@ -66,7 +67,7 @@ def _default_shards(n: int, p: int) -> int:
 
 def _check_shards(n_shards, n: int) -> int:
     if isinstance(n_shards, bool) or not isinstance(n_shards, (int, np.integer)):
-        raise DatasetError(f"n_shards must be an integer, got {n_shards!r}")
+        raise DatasetError(f"n_shards must be an integer, got {shown(n_shards)}")
     if not 1 <= int(n_shards) <= n:
         raise DatasetError(f"n_shards must be in [1, {n}] (the number of points), "
                            f"got {n_shards}")
@@ -265,7 +266,8 @@ class DenseDataset(_DenseBase):
         """Shard ``k``'s points, checked (shape, dtype, finite values)."""
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) \
                 or not 0 <= k < self.n_shards:
-            raise IndexError(f"shard {k!r} out of range: dataset has {self.n_shards} shards")
+            raise IndexError(f"shard {shown(k)} out of range: dataset has "
+                             f"{plural(self.n_shards, 'shard')}")
         rows = int(self.row_bounds[k + 1] - self.row_bounds[k])
         what = f"{self.path}: shard {k}"
         try:
@@ -316,8 +318,11 @@ class DenseDataset(_DenseBase):
         return Q
 
     def validate(self) -> "DenseDataset":
+        """Read every shard and the held-out queries; raise `DatasetError` on the first
+        that is missing, of another dtype or shape, or not finite."""
         for k in range(self.n_shards):
             self.load_shard(k)
+        self.load_queries()
         return self
 
 
@@ -345,6 +350,11 @@ class InMemoryDenseDataset(_DenseBase):
             self.row_bounds, self.n_shards = bounds, len(bounds) - 1
 
     def load_shard(self, k: int) -> np.ndarray:
+        """Shard ``k``'s points (a view)."""
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) \
+                or not 0 <= k < self.n_shards:
+            raise IndexError(f"shard {shown(k)} out of range: dataset has "
+                             f"{plural(self.n_shards, 'shard')}")
         return self._X[self.row_bounds[k]:self.row_bounds[k + 1]]
 
 
@@ -363,7 +373,7 @@ def read_vecs(path, *, mmap: bool = True) -> np.ndarray:
     dtype = np.dtype(dtypes[ext])
     size = os.path.getsize(path)
     if size < 4:
-        raise ValueError(f"{path!r}: empty or truncated file ({size} bytes)")
+        raise ValueError(f"{path!r}: empty or truncated file ({plural(size, 'byte')})")
     d = int(np.fromfile(path, dtype="<i4", count=1)[0])
     if d < 1 or d > 1 << 24:
         raise ValueError(f"{path!r}: first record has dimension {d}; not a {ext} file")
@@ -423,7 +433,7 @@ def split_queries(X, n_queries: int, seed: int = 0):
     n = X.shape[0]
     if isinstance(n_queries, bool) or not isinstance(n_queries, (int, np.integer)) \
             or not 0 <= n_queries < n:
-        raise ValueError(f"n_queries must be an integer in [0, {n - 1}], got {n_queries!r}")
+        raise ValueError(f"n_queries must be an integer in [0, {n - 1}], got {shown(n_queries)}")
     if n_queries == 0:
         return X, None
     pick = np.zeros(n, dtype=bool)

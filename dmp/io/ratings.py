@@ -39,6 +39,7 @@ import numpy as np
 import scipy.sparse as sp
 from zarr.codecs import BloscCodec, ZstdCodec
 
+from ..utils.text import plural, shown
 from .sparse import (FORMAT_VERSION, DatasetError, _atomic_write, _balanced_bounds,
                      _check_dest, _normalize_path, _StoredDataset, attr_int, attr_ints,
                      check_compressed)
@@ -61,7 +62,7 @@ _INT32_MAX = int(np.iinfo(np.int32).max)
 def _check_policy(duplicates) -> str:
     if not isinstance(duplicates, str) or duplicates not in DUPLICATES:
         raise ValueError(f"duplicates must be one of {', '.join(map(repr, DUPLICATES))}, "
-                         f"got {duplicates!r}")
+                         f"got {shown(duplicates)}")
     return duplicates
 
 
@@ -111,7 +112,7 @@ def _check_shape(shape, u: np.ndarray, i: np.ndarray) -> tuple[int, int]:
     except TypeError:
         ok = False
     if not ok:
-        raise ValueError(f"shape must be a pair of positive integers, got {shape!r}")
+        raise ValueError(f"shape must be a pair of positive integers, got {shown(shape)}")
     n_users, n_items = (int(s) for s in shape)
     for what, n, a in (("users", n_users, u), ("items", n_items, i)):
         if n > _INT32_MAX:
@@ -145,7 +146,7 @@ def _split_codes(split, n: int) -> np.ndarray:
                 idx = _as_index(f"split[{name!r}]", sel)
                 if idx.size and idx.max() >= n:
                     raise DatasetError(f"split[{name!r}]: index {int(idx.max())} out of range "
-                                       f"for {n} ratings")
+                                       f"for {plural(n, 'rating')}")
                 if len(np.unique(idx)) != len(idx):
                     raise DatasetError(f"split[{name!r}] repeats a rating index")
             taken = codes[idx] >= 0
@@ -155,7 +156,9 @@ def _split_codes(split, n: int) -> np.ndarray:
             codes[idx] = SPLITS.index(name)
         free = codes < 0
         if free.any():
-            raise DatasetError(f"{int(free.sum())} ratings are in no split (first at position "
+            n_free = int(free.sum())
+            raise DatasetError(f"{plural(n_free, 'rating')} {'is' if n_free == 1 else 'are'} "
+                               f"in no split (first at position "
                                f"{int(np.argmax(free))}); every rating needs one")
         return codes
     codes = np.asarray(split)
@@ -188,7 +191,7 @@ def _as_labels(name: str, ids, n: int) -> np.ndarray | None:
         raise DatasetError(f"{name} must hold integers or strings, got dtype {a.dtype}")
     u, c = np.unique(a, return_counts=True)
     if len(u) != n:
-        raise DatasetError(f"{name} has repeated labels (e.g. {u[np.argmax(c > 1)]!r})")
+        raise DatasetError(f"{name} has repeated labels (e.g. {shown(u[np.argmax(c > 1)])})")
     return a
 
 
@@ -449,7 +452,7 @@ class _RatingsBase:
         what = "users" if part == "rows" else "items"
         for v in (a0, a1):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise TypeError(f"{part} bounds must be integers, got {v!r}")
+                raise TypeError(f"{part} bounds must be integers, got {shown(v)}")
         a0, a1 = int(a0), int(a1)
         if not 0 <= a0 <= a1 <= extent:
             raise ValueError(f"{part} {a0}:{a1} out of range: need 0 <= start <= stop <= "
@@ -526,12 +529,12 @@ class _RatingsBase:
             ``n_parts`` is not an integer in ``[1, extent]`` or ``axis`` not 0 or 1.
         """
         if axis not in (0, 1) or isinstance(axis, bool):
-            raise ValueError(f"axis must be 0 (users) or 1 (items), got {axis!r}")
+            raise ValueError(f"axis must be 0 (users) or 1 (items), got {shown(axis)}")
         extent = self.shape[axis]
         what = "users" if axis == 0 else "items"
         if (isinstance(n_parts, bool) or not isinstance(n_parts, (int, np.integer))
                 or n_parts < 1):
-            raise ValueError(f"n_parts must be a positive integer, got {n_parts!r}")
+            raise ValueError(f"n_parts must be a positive integer, got {shown(n_parts)}")
         if n_parts > extent:
             raise ValueError(f"cannot split {extent} {what} into {n_parts} non-empty parts")
         ptr = self.row_indptr(split) if axis == 0 else self.col_indptr(split)
@@ -764,6 +767,9 @@ _USER_NAMES = {"user", "userid", "uid", "users", "customer", "customerid", "revi
 _ITEM_NAMES = {"item", "itemid", "iid", "items", "movie", "movieid", "product", "productid",
                "asin", "book", "bookid", "isbn", "track", "trackid"}
 _RATING_NAMES = {"rating", "ratings", "score", "stars", "overall", "bookrating"}
+#: names of columns that are not ratings but show that a first line is a header
+_OTHER_NAMES = {"timestamp", "time", "date", "datetime", "ts", "unixtime", "unixreviewtime"}
+_CLI_COLUMNS = "on the command line --columns USER,ITEM,RATING"
 _INT_RE = re.compile(r"^-?(0|[1-9][0-9]*)$")
 
 
@@ -793,6 +799,37 @@ def _named_columns(fields) -> tuple[int, int, int] | None:
     return found[0], found[1], found[2]
 
 
+def _unnamed_columns(fields) -> str | None:
+    """Why a header that names columns (user, item, rating or time ones) does not locate
+    exactly one user, one item and one rating column; None when it names no known column
+    at all, or locates all three."""
+    names = [_norm_name(f) for f in fields]
+    known = (("user", _USER_NAMES), ("item", _ITEM_NAMES), ("rating", _RATING_NAMES))
+    if not any(n in _OTHER_NAMES or any(n in k for _, k in known) for n in names):
+        return None
+    found, missing, located = [], [], 0
+    for what, k in known:
+        pos = [j for j, n in enumerate(names) if n in k]
+        if len(pos) == 1:
+            found.append(f"{what} {fields[pos[0]]!r}")
+            located += 1
+        elif pos:
+            found.append(f"{len(pos)} {what} columns "
+                         f"({', '.join(repr(fields[j]) for j in pos)})")
+        else:
+            missing.append(what)
+    if located == 3:
+        return None
+    if not found:
+        return "names none of them"
+    why = f"names {', '.join(found)}"
+    if missing:
+        why += f" but no {' and no '.join(missing)} column"
+        if "rating" in missing:
+            why += f" (a rating column is named one of {', '.join(sorted(_RATING_NAMES))})"
+    return why
+
+
 def _sniff_sep(line: str) -> str | None:
     """Delimiter of a data line: ``::``, tab, comma, semicolon, or None (whitespace)."""
     for sep in ("::", "\t", ",", ";"):
@@ -805,7 +842,7 @@ def _norm_sep(sep):
     if sep is None or sep in (" ", "whitespace"):
         return sep if sep is None else "whitespace"
     if not isinstance(sep, str) or not sep:
-        raise ValueError(f"sep must be a non-empty string, got {sep!r}")
+        raise ValueError(f"sep must be a non-empty string, got {shown(sep)}")
     return {"\\t": "\t", "tab": "\t"}.get(sep, sep)
 
 
@@ -827,15 +864,15 @@ class _Parsed:
 def _parse_file(path, fmt="auto", sep=None, header="auto", columns=None) -> _Parsed:
     if not isinstance(fmt, str) or fmt not in FORMATS:
         raise ValueError(f"format must be one of {', '.join(map(repr, FORMATS))}, "
-                         f"got {fmt!r}")
+                         f"got {shown(fmt)}")
     if header not in ("auto", True, False):
-        raise ValueError(f"header must be 'auto', True or False, got {header!r}")
+        raise ValueError(f"header must be 'auto', True or False, got {shown(header)}")
     if columns is not None and (len(columns) != 3 or not (
             all(isinstance(c, str) for c in columns)
             or all(isinstance(c, int) and not isinstance(c, bool) and c >= 0
                    for c in columns))):
         raise ValueError("columns must be three column positions (ints >= 0) or three "
-                         f"header names (user, item, rating), got {columns!r}")
+                         f"header names (user, item, rating), got {shown(columns)}")
     sep = _norm_sep(sep)
     path = os.path.expanduser(os.fspath(path))
     if not os.path.isfile(path):
@@ -893,9 +930,21 @@ def _parse_file(path, fmt="auto", sep=None, header="auto", columns=None) -> _Par
                     cu, ci, cr = columns
                 elif is_header and named is not None and kind in ("csv", "delimited"):
                     cu, ci, cr = named
+                elif is_header and kind != "movielens" and _unnamed_columns(fields):
+                    # a header that names its columns is read by name, never by position:
+                    # "userId,movieId,timestamp" must not make the timestamps ratings
+                    fail(lineno, f"cannot find the user, item and rating columns in the "
+                                 f"header {fields}: it {_unnamed_columns(fields)}; pass "
+                                 f"columns=(user, item, rating) ({_CLI_COLUMNS})")
                 elif is_header and kind == "csv":
                     fail(lineno, f"cannot find the user, item and rating columns in the "
-                                 f"header {fields}; pass columns=(user, item, rating)")
+                                 f"header {fields}; pass columns=(user, item, rating) "
+                                 f"({_CLI_COLUMNS})")
+                elif is_header and named is not None and named != (0, 1, 2):
+                    fail(lineno, f"the header {fields} puts the user, item and rating "
+                                 f"columns at positions {list(named)}, but format "
+                                 f"'triplets' reads the first three; use format 'csv' or "
+                                 f"pass columns=(user, item, rating) ({_CLI_COLUMNS})")
                 else:
                     cu, ci, cr = 0, 1, 2
                 need = max(cu, ci, cr) + 1
@@ -911,10 +960,10 @@ def _parse_file(path, fmt="auto", sep=None, header="auto", columns=None) -> _Par
             if n_fields is not None and nf != n_fields:
                 fail(lineno, f"expected {n_fields} fields like the header, got {nf}")
             if nf < need or (kind == "movielens" and nf > 4):
-                shown = "whitespace" if delim == "whitespace" else repr(delim)
+                by = "whitespace" if delim == "whitespace" else repr(delim)
                 want = ("3 or 4 (user::item::rating[::timestamp])" if kind == "movielens"
                         else f"at least {need}")
-                fail(lineno, f"expected {want} fields separated by {shown}, got {nf}")
+                fail(lineno, f"expected {want} fields separated by {by}, got {nf}")
             ul, il, rs = fields[cu].strip(), fields[ci].strip(), fields[cr].strip()
             try:
                 x = float(rs)
@@ -1014,11 +1063,11 @@ def _check_fractions(split) -> tuple[float, float, float]:
         fr = tuple(float(x) for x in split)
     except (TypeError, ValueError):
         raise ValueError(f"split must be three fractions (train, valid, test), "
-                         f"got {split!r}") from None
+                         f"got {shown(split)}") from None
     if (len(fr) != 3 or not all(math.isfinite(x) and x >= 0 for x in fr)
             or abs(sum(fr) - 1) > 1e-9 or fr[0] <= 0):
         raise ValueError(f"split must be three non-negative fractions (train, valid, test) "
-                         f"summing to 1 with train > 0, got {split!r}")
+                         f"summing to 1 with train > 0, got {shown(split)}")
     return fr
 
 
@@ -1074,7 +1123,7 @@ def convert_ratings(source, dest, *, format="auto", split=(0.8, 0.1, 0.1), seed=
     fractions = _check_fractions(split)
     duplicates = _check_policy(duplicates)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))):
-        raise ValueError(f"seed must be an integer or None, got {seed!r}")
+        raise ValueError(f"seed must be an integer or None, got {shown(seed)}")
     dest = _normalize_path(dest)
     _check_dest(dest, storage_options, overwrite)
     p, u, i, uids, iids = _read_indexed(source, format, sep, header, columns)
@@ -1082,7 +1131,7 @@ def convert_ratings(source, dest, *, format="auto", split=(0.8, 0.1, 0.1), seed=
     _check_shape(shape, u[:0], i[:0])
 
     def name_pair(a, b):
-        return f"user {uids[a]!r}, item {iids[b]!r}"
+        return f"user {shown(uids[a])}, item {shown(iids[b])}"
 
     def locate(pos):
         return f"line {int(p.lines[pos])}"
@@ -1093,7 +1142,7 @@ def convert_ratings(source, dest, *, format="auto", split=(0.8, 0.1, 0.1), seed=
     codes = _random_split(len(r), fractions, seed)
     if not np.any(codes == 0):
         raise DatasetError(f"{p.path}: the random split left the train split empty "
-                           f"({len(r)} ratings); use a larger train fraction")
+                           f"({plural(len(r), 'rating')}); use a larger train fraction")
     arrays, shape, rr = _prepare(u, i, r, shape, codes, "error")
     extra = {"source": os.path.basename(p.path), "split_fractions": list(fractions),
              "split_seed": None if seed is None else int(seed)}

@@ -505,12 +505,12 @@ def _build(recipe: dict, path, overwrite: bool, storage_options):
     if "generator" in recipe:
         X, y, _ = _generator(recipe["generator"])(**params)
     elif recipe["convert"] == "text":
-        X, vocab, _ = corpus.read_text_corpus(_source_path(recipe), **params)
-        y, kw = np.zeros(X.shape[0]), {"vocabulary": vocab}
+        X, vocab, _, names = corpus.read_text_named(_source_path(recipe), **params)
+        y, kw = np.zeros(X.shape[0]), {"vocabulary": vocab, "names": names}
     elif recipe["convert"] == "uci":
         X, vocab = corpus.read_uci_bow(_source_path(recipe), **params)
-        X = X[np.diff(X.indptr) > 0]
-        y, kw = np.zeros(X.shape[0]), {"vocabulary": vocab}
+        X, names = corpus.drop_empty_documents(X)
+        y, kw = np.zeros(X.shape[0]), {"vocabulary": vocab, "names": names}
     else:
         X, y = svmlight.read_svmlight(_source_path(recipe), **params)
     write = write_sparse_rows if recipe["layout"] == "rows" else write_sparse

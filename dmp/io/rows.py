@@ -27,7 +27,8 @@ import scipy.sparse as sp
 from . import sparse as _sparse
 from .sparse import (FORMAT_VERSION, DatasetError, _atomic_write, _balanced_bounds,
                      _check_dest, _check_n_shards, _default_n_shards, _normalize_path,
-                     _prepare_input, _StoredDataset, _write_array, partition_shards)
+                     _prepare_input, _StoredDataset, _write_array, partition_shards,
+                     sklearn_indices)
 
 __all__ = ["SparseRowDataset", "InMemorySparseRowDataset", "write_sparse_rows"]
 
@@ -51,7 +52,8 @@ def _row_bounds(src, n_shards):
 
 
 def write_sparse_rows(path, X, y, *, n_shards=None, overwrite=False,
-                      storage_options=None, vocabulary=None) -> "SparseRowDataset":
+                      storage_options=None, vocabulary=None,
+                      names=None) -> "SparseRowDataset":
     """Write a design matrix and targets as a row-block sparse dataset.
 
     Parameters
@@ -73,6 +75,9 @@ def write_sparse_rows(path, X, y, *, n_shards=None, overwrite=False,
         fsspec options for remote URLs.
     vocabulary : sequence of str, optional
         One name per column (a corpus's words), stored as the string array ``vocabulary``.
+    names : sequence of str, optional
+        One name per row (a corpus's documents: file names, source lines), stored as the
+        string array ``names`` and read back by `SparseRowDataset.load_names`.
 
     Returns
     -------
@@ -94,12 +99,16 @@ def write_sparse_rows(path, X, y, *, n_shards=None, overwrite=False,
         vocabulary = np.asarray([str(w) for w in vocabulary], dtype=np.dtypes.StringDType())
         if vocabulary.shape != (p,):
             raise DatasetError(f"vocabulary has {len(vocabulary)} entries, X has {p} columns")
+    if names is not None:
+        names = np.asarray([str(w) for w in names], dtype=np.dtypes.StringDType())
+        if names.shape != (n,):
+            raise DatasetError(f"names has {len(names)} entries, X has {n} rows")
 
     attrs: dict[str, Any] = {
         "dmp_format": FORMAT_VERSION, "kind": KIND, "shape": [int(n), int(p)],
         "nnz": total, "n_shards": n_shards, "row_bounds": [int(r) for r in row_bounds],
         "dtype": "float64", "complete": False, "created_by": "dmp",
-        "vocabulary": vocabulary is not None, "column_sums": True,
+        "vocabulary": vocabulary is not None, "column_sums": True, "names": names is not None,
     }
 
     def fill(g):
@@ -109,6 +118,9 @@ def write_sparse_rows(path, X, y, *, n_shards=None, overwrite=False,
             z = g.create_array("vocabulary", shape=(p,), dtype=str,
                                chunks=(max(1, min(p, 1 << 20)),))
             z[:] = vocabulary
+        if names is not None:
+            z = g.create_array("names", shape=(n,), dtype=str, chunks=(max(1, min(n, 1 << 20)),))
+            z[:] = names
         shard_nnz = []
         col_sums = np.zeros(p)
         for k in range(n_shards):
@@ -134,15 +146,15 @@ def write_sparse_rows(path, X, y, *, n_shards=None, overwrite=False,
 
 
 def _csr(data, indices, indptr, shape) -> sp.csr_matrix:
-    """A CSR matrix on exactly these (already checked) arrays.
+    """A CSR matrix on these (already checked) arrays, with the index dtypes scikit-learn
+    takes (`dmp.io.sparse.sklearn_indices`: int32 unless too large).
 
-    Not ``csr_matrix((data, indices, indptr))``: scipy may downcast the index arrays and
-    copies any array that is a small view of a larger one, which would defeat the views
-    of `InMemorySparseRowDataset`.
+    Not ``csr_matrix((data, indices, indptr))``: scipy copies any array that is a small
+    view of a larger one, which would defeat the views of `InMemorySparseRowDataset`.
     """
     M = sp.csr_matrix(shape, dtype=np.float64)
     M.data, M.indices, M.indptr = data, indices, indptr
-    return M
+    return sklearn_indices(M)
 
 
 def _check_ks(ks, check_k) -> list[int]:
@@ -208,7 +220,8 @@ class SparseRowDataset(_StoredDataset):
         -------
         X_k : scipy.sparse.csr_matrix
             Rows ``row_bounds[k]:row_bounds[k+1]``, all ``n_features`` columns; float64
-            data, int32 sorted column indices, int64 indptr.
+            data, sorted column indices; int32 ``indices`` and ``indptr`` (int64 for both
+            beyond 2**31 - 1 values), as scikit-learn's estimators take them.
         y_k : numpy.ndarray
             Their targets, float64.
 
@@ -235,7 +248,8 @@ class SparseRowDataset(_StoredDataset):
         Returns
         -------
         X : scipy.sparse.csr_matrix
-            The rows of ``ks[0]``, then those of ``ks[1]``, ...
+            The rows of ``ks[0]``, then those of ``ks[1]``, ... (index dtypes as in
+            `load_rows`).
         y : numpy.ndarray
             Their targets, in the same order.
         """
@@ -260,29 +274,47 @@ class SparseRowDataset(_StoredDataset):
         if total != self.nnz:
             raise DatasetError(f"dataset: shards hold {total} nonzeros, attribute 'nnz' "
                                f"says {self.nnz}")
+        self.load_vocabulary()
+        self.load_names()
         return self
+
+    def _strings(self, name: str, n: int, sel: slice = slice(None)):
+        """``sel`` of the string array ``name`` of length ``n``, checked."""
+        g = self._group()
+        try:
+            z = g[name]
+        except KeyError:
+            raise DatasetError(f"dataset: array {name!r} is missing "
+                               f"({self.path}/{name})") from None
+        except Exception as e:
+            raise DatasetError(f"dataset: array {name!r} has corrupt metadata "
+                               f"({type(e).__name__}: {e})") from None
+        if not hasattr(z, "dtype") or z.shape != (n,) or z.dtype.kind != "T":
+            raise DatasetError(f"dataset: {name!r} must be a string array of length {n}")
+        try:
+            return np.asarray(z[sel])
+        except Exception as e:
+            raise DatasetError(f"dataset: cannot read {name!r} "
+                               f"({type(e).__name__}: {e})") from None
 
     def load_vocabulary(self):
         """The column names (a corpus's words) as a numpy string array, or None."""
         if not self._attrs_vocabulary:
             return None
-        g = self._group()
-        try:
-            z = g["vocabulary"]
-        except KeyError:
-            raise DatasetError(f"dataset: array 'vocabulary' is missing "
-                               f"({self.path}/vocabulary)") from None
-        except Exception as e:
-            raise DatasetError(f"dataset: array 'vocabulary' has corrupt metadata "
-                               f"({type(e).__name__}: {e})") from None
-        if not hasattr(z, "dtype") or z.shape != (self.n_features,) or z.dtype.kind != "T":
-            raise DatasetError(f"dataset: 'vocabulary' must be a string array of length "
-                               f"{self.n_features}")
-        try:
-            return np.asarray(z[:])
-        except Exception as e:
-            raise DatasetError(f"dataset: cannot read 'vocabulary' "
-                               f"({type(e).__name__}: {e})") from None
+        return self._strings("vocabulary", self.n_features)
+
+    def load_names(self, start: int = 0, stop: int | None = None):
+        """The names of rows ``start:stop`` (default all; a corpus's documents) as a numpy
+        string array, or None.
+
+        `dmp.io.convert_corpus` stores them: the file name of each document (text, one
+        document per file), ``"line N"`` of the source (text, one per line) or
+        ``"docID N"`` (UCI), so that every row can be traced to its source although
+        documents left without words are dropped.  Other stores have none.
+        """
+        if not self._attrs_names:
+            return None
+        return self._strings("names", self.n_samples, slice(start, stop))
 
     def column_sums(self):
         """Sum of every column (a corpus's word frequencies), or None for a store written
@@ -322,8 +354,9 @@ class InMemorySparseRowDataset:
     The same reading interface as `SparseRowDataset` (``path`` is None) and the same row
     bounds as `write_sparse_rows` would choose for ``(X, y, n_shards)``.  An ``X`` that is
     already canonical float64 CSR (sorted indices, no duplicates, no stored zeros) is not
-    copied: loaded shards are views of its arrays (and of ``y`` when that is float64), so
-    do not modify them in place.
+    copied: loaded shards are views of its arrays (of ``indices`` where they are int32, as
+    shards hand them out, and of ``y`` when that is float64), so do not modify them in
+    place.
 
     Parameters
     ----------

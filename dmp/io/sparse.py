@@ -32,6 +32,7 @@ import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
 
 from ..engine.checkpoint import is_remote as _is_remote
+from ..utils.text import plural, shown
 
 __all__ = ["DatasetError", "SparseDataset", "write_sparse", "open_dataset"]
 
@@ -100,7 +101,7 @@ def _balanced_bounds(weights: np.ndarray, n_parts: int) -> np.ndarray:
     weights = np.asarray(weights, dtype=np.float64)
     m = len(weights)
     if not 1 <= n_parts <= m:
-        raise ValueError(f"cannot split {m} items into {n_parts} non-empty parts")
+        raise ValueError(f"cannot split {plural(m, 'item')} into {n_parts} non-empty parts")
     cum = np.concatenate([[0.0], np.cumsum(weights)])
     total = cum[-1]
     if total <= 0:
@@ -127,10 +128,10 @@ def partition_shards(shard_nnz, n_parts) -> list[list[int]]:
     """Split shards into ``n_parts`` contiguous groups of roughly equal nnz."""
     n_shards = len(shard_nnz)
     if isinstance(n_parts, bool) or not isinstance(n_parts, (int, np.integer)) or n_parts < 1:
-        raise ValueError(f"n_parts must be a positive integer, got {n_parts!r}")
+        raise ValueError(f"n_parts must be a positive integer, got {shown(n_parts)}")
     if n_parts > n_shards:
         raise ValueError(f"cannot split into {n_parts} parts: the dataset has only "
-                         f"{n_shards} shards; rewrite it with n_shards >= {n_parts}")
+                         f"{plural(n_shards, 'shard')}; rewrite it with n_shards >= {n_parts}")
     b = _balanced_bounds(shard_nnz, int(n_parts))
     return [list(range(int(b[i]), int(b[i + 1]))) for i in range(n_parts)]
 
@@ -142,6 +143,23 @@ def column_stats(M: sp.csc_matrix) -> tuple[np.ndarray, np.ndarray]:
 
     return csc_column_stats(np.asarray(M.indptr, dtype=np.int64),
                             np.asarray(M.data, dtype=np.float64))
+
+
+_INDEX32_MAX = int(np.iinfo(np.int32).max)
+
+
+def sklearn_indices(M):
+    """Give compressed ``M`` (CSR/CSC) one index dtype, in place, and return it.
+
+    int32 ``indices`` and ``indptr`` wherever its stored values and shape fit, int64 for
+    both beyond: scikit-learn's compiled estimators (Lasso, SGDClassifier, TruncatedSVD,
+    ...) accept no other combination, so every shard dmp hands out can go to them as it is.
+    """
+    big = M.indptr[-1] > _INDEX32_MAX or max(M.shape, default=0) > _INDEX32_MAX
+    dtype = np.int64 if big else np.int32
+    M.indices = M.indices.astype(dtype, copy=False)
+    M.indptr = M.indptr.astype(dtype, copy=False)
+    return M
 
 
 def _is_dask(x) -> bool:
@@ -306,7 +324,7 @@ def _write_array(group, name: str, values: np.ndarray, dtype: str) -> None:
 
 def _check_n_shards(n_shards, m: int, what: str = "columns") -> int:
     if isinstance(n_shards, bool) or not isinstance(n_shards, (int, np.integer)):
-        raise DatasetError(f"n_shards must be an integer, got {n_shards!r}")
+        raise DatasetError(f"n_shards must be an integer, got {shown(n_shards)}")
     n_shards = int(n_shards)
     if not 1 <= n_shards <= m:
         raise DatasetError(f"n_shards must be in [1, {m}] (the number of {what}), "
@@ -579,14 +597,14 @@ def attr_int(value, name: str, *, low: int = 0) -> int:
     """An integer attribute read from a store: a JSON integer (not a bool, not a float that
     happens to be integral) of at least ``low``, else `DatasetError`."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise DatasetError(f"attribute {name!r} must be an integer >= {low}, got {value!r}")
+        raise DatasetError(f"attribute {name!r} must be an integer >= {low}, got {shown(value)}")
     return int(value)
 
 
 def attr_ints(value, name: str, *, low: int = 0) -> np.ndarray:
     """A list-of-integers attribute (see `attr_int`) as int64."""
     if not isinstance(value, (list, tuple)):
-        raise DatasetError(f"attribute {name!r} must be a list of integers, got {value!r}")
+        raise DatasetError(f"attribute {name!r} must be a list of integers, got {shown(value)}")
     out = [attr_int(v, name, low=low) for v in value]
     if any(v >= 2**63 for v in out):
         raise DatasetError(f"attribute {name!r} holds values beyond int64: {value!r}")
@@ -646,12 +664,16 @@ class _StoredDataset:
             vocab = attrs.get("vocabulary", False)
             if not isinstance(vocab, bool):
                 raise DatasetError(f"attribute 'vocabulary' must be true or false, "
-                                   f"got {vocab!r}")
+                                   f"got {shown(vocab)}")
             self._attrs_vocabulary = vocab
+            names = attrs.get("names", False)
+            if not isinstance(names, bool):
+                raise DatasetError(f"attribute 'names' must be true or false, got {shown(names)}")
+            self._attrs_names = names
             sums = attrs.get("column_sums", False)
             if not isinstance(sums, bool):
                 raise DatasetError(f"attribute 'column_sums' must be true or false, "
-                                   f"got {sums!r}")
+                                   f"got {shown(sums)}")
             self._attrs_column_sums = sums
         except (DatasetError, KeyError, TypeError, ValueError) as e:
             raise DatasetError(f"{path!r}: malformed attributes ({e})") from None
@@ -720,9 +742,10 @@ class _StoredDataset:
 
     def _check_k(self, k) -> int:
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-            raise TypeError(f"shard index must be an integer, got {k!r}")
+            raise TypeError(f"shard index must be an integer, got {shown(k)}")
         if not 0 <= k < self.n_shards:
-            raise _ShardIndexError(f"shard {k} out of range: dataset has {self.n_shards} shards")
+            raise _ShardIndexError(f"shard {k} out of range: dataset has "
+                                   f"{plural(self.n_shards, 'shard')}")
         return int(k)
 
     def _load_arrays(self, g, k: int):
@@ -814,10 +837,12 @@ class SparseDataset(_StoredDataset):
 
     @staticmethod
     def _csc(data, indices, indptr, shape) -> sp.csc_matrix:
-        M = sp.csc_matrix((data, indices, indptr), shape=shape)
-        M.indices = indices.astype(np.int32, copy=False)
-        M.indptr = indptr.astype(np.int64, copy=False)
-        return M
+        # set, not passed to the constructor: scipy would check the (already checked)
+        # arrays again and pick the index dtype itself
+        M = sp.csc_matrix(shape, dtype=np.float64)
+        M.data, M.indices, M.indptr = data, indices, indptr
+        M.has_canonical_format = True
+        return sklearn_indices(M)
 
     def load_shard(self, k: int) -> sp.csc_matrix:
         """Load and validate shard ``k``.
@@ -825,8 +850,9 @@ class SparseDataset(_StoredDataset):
         Returns
         -------
         scipy.sparse.csc_matrix
-            Shape ``(n_samples, col_bounds[k+1] - col_bounds[k])``; float64 data,
-            int32 indices, int64 indptr.
+            Shape ``(n_samples, col_bounds[k+1] - col_bounds[k])``; float64 data, sorted
+            row indices; int32 ``indices`` and ``indptr`` (int64 for both beyond 2**31 - 1
+            values), as scikit-learn's estimators take them.
 
         Raises
         ------
@@ -847,7 +873,8 @@ class SparseDataset(_StoredDataset):
         Returns
         -------
         scipy.sparse.csc_matrix
-            Columns ``col_bounds[ks[0]]:col_bounds[ks[-1] + 1]``.
+            Columns ``col_bounds[ks[0]]:col_bounds[ks[-1] + 1]`` (index dtypes as in
+            `load_shard`).
         """
         ks = [self._check_k(k) for k in ks]
         if not ks:

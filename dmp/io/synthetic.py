@@ -8,23 +8,25 @@ import numbers
 import numpy as np
 import scipy.sparse as sp
 
+from ..utils.text import shown
+
 __all__ = ["make_hashing_mixture", "make_sparse_lasso", "make_correlated_lasso", "lasso_alpha_max", "make_ratings",
            "make_lda_corpus"]
 
 
 def _check_int(name, value, low=1):
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        raise ValueError(f"{name} must be an integer >= {low}, got {shown(value)}")
     return int(value)
 
 
 def _check_real(name, value, low, high, low_open=False):
     if isinstance(value, bool) or not isinstance(value, numbers.Real) \
             or not np.isfinite(value):
-        raise ValueError(f"{name} must be a finite real number, got {value!r}")
+        raise ValueError(f"{name} must be a finite real number, got {shown(value)}")
     if value < low or value > high or (low_open and value == low):
         lo = "(" if low_open else "["
-        raise ValueError(f"{name} must be in {lo}{low}, {high}], got {value!r}")
+        raise ValueError(f"{name} must be in {lo}{low}, {high}], got {shown(value)}")
     return float(value)
 
 
@@ -211,7 +213,7 @@ def make_ratings(n_users=50_000, n_items=10_000, n_obs=2_000_000, rank=20, noise
     noise = _check_real("noise", noise, 0.0, np.inf)
     test_frac = _check_real("test_frac", test_frac, 0.0, 1.0)
     if test_frac >= 1.0:
-        raise ValueError(f"test_frac must be in [0, 1), got {test_frac!r}")
+        raise ValueError(f"test_frac must be in [0, 1), got {shown(test_frac)}")
     if n_users * n_items >= 2 ** 63:
         raise ValueError(f"n_users * n_items = {n_users * n_items} does not fit in int64")
     if n_obs > n_users * n_items:

@@ -21,6 +21,7 @@ from ..io.sparse import require_store_kind
 from ..utils.data import InMemorySparseDataset
 from ..utils.estimator import SharedBackendMixin
 from ..utils.scratch import temporary_store_dir
+from ..utils.text import plural
 from ._lasso_program import LassoProgram
 
 
@@ -323,8 +324,8 @@ class Lasso(SharedBackendMixin, RegressorMixin, BaseEstimator):
         self.recoveries_ = result.recoveries
         self.wall_time_ = result.wall_s
         if not result.converged and not result.stopped and self.tol > 0:
-            warnings.warn(f"Lasso did not converge in {self.max_iter} rounds (duality gap "
-                          f"{self.dual_gap_:.3e}); increase max_iter or tol.",
+            warnings.warn(f"Lasso did not converge in {plural(self.max_iter, 'round')} "
+                          f"(duality gap {self.dual_gap_:.3e}); increase max_iter or tol.",
                           ConvergenceWarning, stacklevel=2)
         return self
 

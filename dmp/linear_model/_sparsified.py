@@ -21,6 +21,7 @@ from ..engine.runner import history_arrays
 from ..io.sparse import require_store_kind
 from ..utils.estimator import SharedBackendMixin
 from ..utils.scratch import temporary_store_dir
+from ..utils.text import plural
 from ._lasso import seed_from
 from ._sparsified_program import SparsifiedProgram, block_bounds
 
@@ -137,7 +138,8 @@ class _SparsifiedBase(SharedBackendMixin, BaseEstimator):
         X = sp.csr_matrix(X)
         P = backend.n_partitions
         if X.shape[0] < P:
-            raise ValueError(f"{X.shape[0]} samples cannot be split over {P} workers")
+            raise ValueError(f"{plural(X.shape[0], 'sample')} cannot be split over {P} "
+                             f"workers")
         # the checkpoint fingerprint: by content, not by the temporary store's path
         digest = content_digest(X, y)
         if backend.kind == "local":

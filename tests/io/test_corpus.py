@@ -126,3 +126,54 @@ def test_cli_converts_uci_and_text(tmp_path, capsys):
     assert main(["data", "convert", "text", str(f), str(tmp_path / "x.zarr"),
                  "--vocab", "v.txt"]) == 2
     assert "--vocab: not an option of text conversion" in capsys.readouterr().err
+
+
+def test_document_names_round_trip_through_the_store(tmp_path, capsys):
+    d = tmp_path / "letters"
+    d.mkdir()
+    texts = {"b.txt": "cat dog cat", "a.txt": "dog mat mat", "c.txt": "the and of",
+             "d.txt": "cat mat"}   # c.txt holds stop words only: dropped
+    for name, text in texts.items():
+        (d / name).write_text(text)
+    dest = tmp_path / "c.zarr"
+    assert main(["data", "convert", "text", str(d), str(dest), "--per", "file",
+                 "--min-count", "1", "--shards", "2"]) == 0
+    ds = open_dataset(dest)
+    names = ds.load_names()
+    assert names.tolist() == ["a.txt", "b.txt", "d.txt"]
+    # row i is the document names[i]: its words are the file's
+    X, _ = ds.load_row_shards(list(range(ds.n_shards)))
+    vocab = ds.load_vocabulary()
+    for i, name in enumerate(names):
+        words = {vocab[j] for j in X[i].indices}
+        assert words == set(texts[name].split()) - {"the", "and", "of"}
+    assert ds.validate() is ds
+    capsys.readouterr()
+    assert main(["data", "info", str(dest)]) == 0
+    assert "names: 3 (a.txt, b.txt, d.txt)" in capsys.readouterr().out
+    # one document per line: the source line; UCI: the docID
+    f = tmp_path / "docs.txt"
+    f.write_text("cat dog\n\nthe of\ndog mat\n")
+    ds = convert_corpus(f, tmp_path / "l.zarr", format="text", min_count=1)
+    assert ds.load_names().tolist() == ["line 1", "line 4"]
+    assert ds.load_names(1).tolist() == ["line 4"] and ds.load_names(0, 1).tolist() == \
+        ["line 1"]
+    doc, v = _uci(tmp_path, "4\n5\n3\n1 1 2\n3 3 1\n4 2 4\n")
+    ds = convert_corpus(doc, tmp_path / "u.zarr", vocab=v)
+    assert ds.load_names().tolist() == ["docID 1", "docID 3", "docID 4"]
+
+
+def test_stores_without_names_and_corrupt_names(tmp_path):
+    import zarr
+
+    from dmp.io import write_sparse_rows
+
+    X = np.eye(3)
+    assert write_sparse_rows(tmp_path / "n.zarr", X, np.zeros(3)).load_names() is None
+    ds = write_sparse_rows(tmp_path / "w.zarr", X, np.zeros(3), names=["x", "y", "z"])
+    assert open_dataset(ds.path).load_names().tolist() == ["x", "y", "z"]
+    with pytest.raises(DatasetError, match="names has 2 entries, X has 3 rows"):
+        write_sparse_rows(tmp_path / "bad.zarr", X, np.zeros(3), names=["x", "y"])
+    del zarr.open_group(ds.path)["names"]
+    with pytest.raises(DatasetError, match="array 'names' is missing"):
+        open_dataset(ds.path).validate()

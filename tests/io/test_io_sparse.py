@@ -27,7 +27,7 @@ def _assert_roundtrip(ds, dense, y):
     assert isinstance(M, sp.csc_matrix)
     assert M.shape == dense.shape
     assert M.data.dtype == np.float64
-    assert M.indices.dtype == np.int32 and M.indptr.dtype == np.int64
+    assert M.indices.dtype == np.int32 and M.indptr.dtype == np.int32  # as sklearn takes them
     np.testing.assert_array_equal(M.toarray(), dense)
     np.testing.assert_array_equal(ds.load_y(), y)
     s, q = ds.load_col_stats()

@@ -4,6 +4,7 @@ the `dmp data` ratings commands."""
 import json
 import os
 import pickle
+import re
 import shutil
 import time
 import zipfile
@@ -935,3 +936,64 @@ def test_cli_errors(tmp_path, capsys):
     assert "--shards: not an option of ratings conversion" in capsys.readouterr().err
     assert main(["data", "convert", "svmlight", str(f), "d", "--seed", "3"]) == 2
     assert "--seed: not an option of svmlight" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- headers that name
+# their columns are read by name, never by position
+
+
+@pytest.mark.parametrize("fmt", ["auto", "csv", "triplets"])
+def test_a_header_without_a_rating_column_is_refused(tmp_path, fmt, capsys):
+    f = _write(tmp_path / "r.csv", "userId,movieId,timestamp\n1,10,1500000000\n"
+                                   "1,20,1500000001\n2,10,1500000002\n2,30,1500000003\n")
+    match = (r"r\.csv:1: cannot find the user, item and rating columns in the header "
+             r"\['userId', 'movieId', 'timestamp'\]: it names user 'userId', item 'movieId' "
+             r"but no rating column")
+    with pytest.raises(DatasetError, match=match):
+        read_ratings_file(f, format=fmt)
+    with pytest.raises(DatasetError, match=match):
+        convert_ratings(f, tmp_path / "r.zarr", format=fmt)
+    assert not (tmp_path / "r.zarr").exists()
+    # the command line refuses it too, and says how to name the columns there
+    assert main(["data", "convert", "ratings", str(f), str(tmp_path / "r.zarr")]) == 2
+    err = capsys.readouterr().err
+    assert "no rating column" in err and "--columns USER,ITEM,RATING" in err
+    assert not (tmp_path / "r.zarr").exists()
+
+
+@pytest.mark.parametrize("header, why", [
+    ("user,item,score,rating", "2 rating columns ('score', 'rating')"),
+    ("movieId,rating,timestamp", "no user column"),
+    ("timestamp,a,b", "header ['timestamp', 'a', 'b']: it names none of them"),
+])
+def test_headers_that_do_not_locate_the_columns(tmp_path, header, why):
+    row = ",".join(str(v) for v in range(1, header.count(",") + 2))
+    f = _write(tmp_path / "r.csv", f"{header}\n{row}\n")
+    with pytest.raises(DatasetError, match=re.escape(why)):
+        read_ratings_file(f)
+
+
+def test_named_columns_on_the_command_line(tmp_path, capsys):
+    f = _write(tmp_path / "r.csv", "uid_a,stars,movie,when\n1,4,10,0\n2,5,10,0\n1,3,20,0\n")
+    dest = tmp_path / "r.zarr"
+    assert main(["data", "convert", "ratings", str(f), str(dest), "--split", "1,0,0",
+                 "--columns", "uid_a,movie,stars"]) == 0
+    ds = open_dataset(dest)
+    uids, iids = ds.load_ids()
+    got = {(int(uids[a]), int(iids[b])): x for a, b, x in zip(*ds.to_coo())}
+    assert got == {(1, 10): 4.0, (2, 10): 5.0, (1, 20): 3.0}
+    assert main(["data", "convert", "ratings", str(f), str(tmp_path / "p.zarr"), "--split",
+                 "1,0,0", "--columns", "0,2,1"]) == 0
+    np.testing.assert_array_equal(open_dataset(tmp_path / "p.zarr").to_coo()[2],
+                                  ds.to_coo()[2])
+    with pytest.raises(SystemExit):
+        main(["data", "convert", "ratings", str(f), "d", "--columns", "a,b"])
+    assert "three comma-separated columns" in capsys.readouterr().err
+
+
+def test_triplets_refuse_a_header_that_puts_the_columns_elsewhere(tmp_path):
+    f = _write(tmp_path / "r.txt", "item user rating\n10 1 4\n")
+    with pytest.raises(DatasetError, match=r"r\.txt:1: .* positions \[1, 0, 2\], but format "
+                                           r"'triplets' reads the first three"):
+        read_ratings_file(f, format="triplets")
+    assert read_ratings_file(f)[0].tolist() == [1]   # auto reads it by name

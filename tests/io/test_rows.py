@@ -47,7 +47,7 @@ def _inputs(dense):
 def _assert_canonical_csr(M, shape):
     assert isinstance(M, sp.csr_matrix)
     assert M.shape == shape
-    assert M.data.dtype == np.float64 and M.indptr.dtype == np.int64
+    assert M.data.dtype == np.float64 and M.indptr.dtype == M.indices.dtype == np.int32
     assert M.indptr[0] == 0 and np.all(np.diff(M.indptr) >= 0)
     assert M.indptr[-1] == len(M.indices) == len(M.data)
     assert np.all(M.data != 0) and np.all(np.isfinite(M.data))

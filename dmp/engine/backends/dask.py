@@ -12,6 +12,7 @@ from collections import deque
 
 from ..program import update_for
 from ..worker import ActorPartitionWorker, guard
+from ...utils.text import plural
 from .base import InsufficientMemoryError, WorkerLostError
 
 #: seconds between two event messages of one fit to the scheduler (see DaskBackend.log_event)
@@ -198,13 +199,15 @@ def check_partition_memory(program, specs, placement, limits) -> None:
     usable = limit * frac - WORKER_BASE_BYTES
     workers_needed = math.ceil(total / usable) if usable > 0 else None
     per_worker = (max(need.values()) + WORKER_BASE_BYTES) / frac
-    advice = (f"use at least {workers_needed} workers with this memory limit, or "
+    advice = (f"use at least {plural(workers_needed, 'worker')} with this memory limit, or "
               if workers_needed else "")
+    parts = ("The partition needs" if len(estimates) == 1
+             else f"The {len(estimates)} partitions need")
     raise InsufficientMemoryError(
         f"the model does not fit the workers' memory: the partition(s) placed on worker "
         f"{name!r} need about {_mib(n)}, but its memory limit is {_mib(limit)} (Dask pauses "
         f"a worker at {frac:.0%} of it, and about {_mib(WORKER_BASE_BYTES)} go to Python, "
-        f"Dask and Numba). The {len(estimates)} partitions need about {_mib(total)} in all: "
+        f"Dask and Numba). {parts} about {_mib(total)} in all: "
         f"{advice}workers with a memory limit of at least {_mib(per_worker)} each.")
 
 
