@@ -235,3 +235,20 @@ def test_a_real_lasso_history_and_its_timing_fields():
     assert times["round_loop_time_s"] == float(h["time"][-1]) > 0
     assert times["setup_time_s"] == pytest.approx(wall - times["round_loop_time_s"])
     assert times["setup_time_s"] >= 0
+
+
+def test_mf_plot_draws_its_raw_objective_on_a_linear_axis():
+    from scipy import sparse
+
+    from dmp.decomposition import MatrixFactorization
+
+    rng = np.random.default_rng(0)
+    R = sparse.random(30, 20, density=0.3, random_state=rng, format="coo")
+    R.data = 1 + 4 * R.data
+    mf = MatrixFactorization(3, alpha=0.1, method="ccd", max_iter=4, tol=None,
+                             random_state=0).fit(R)
+    ax = mf.plot()
+    obj = np.asarray(mf.history_["objective"], float)
+    np.testing.assert_allclose(ax[0].lines[0].get_ydata(), obj)
+    assert ax[0].get_yscale() == "linear"
+    assert "round loop" in ax[0].get_xlabel()

@@ -301,7 +301,7 @@ class _SparsifiedBase(SharedBackendMixin, BaseEstimator):
         ax[0].plot(it[ok], f[ok])
         ax[0].set_xlabel("iteration")
         ax[1].plot(blocks[ok], f[ok])
-        ax[1].set_xlabel("blocks uploaded (all workers)")
+        ax[1].set_xlabel("blocks uploaded (sum over the partitions)")
         for a in ax:
             a.set_ylabel("objective")
         return ax
