@@ -143,7 +143,9 @@ class LDAProgram(Program):
     """
 
     name = "lda"
+    # the log-likelihood per token: higher is better (`dmp.engine.events.primary_of`)
     primary_metric = "ll_per_token"
+    primary_direction = "max"
     uses_ring = True
 
     def __init__(self, dataset, *, n_topics, alpha, beta, n_sweeps, sampler, seed):

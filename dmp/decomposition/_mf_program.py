@@ -63,6 +63,8 @@ class _MFBase(Program):
     """What both methods share: partitions, the init round, metrics, stopping, state."""
 
     name = "mf"
+    primary_metric = "objective"
+    primary_direction = "min"
     method = ""
     gather_partitions = False
     #: per-partition arrays saved in checkpoints
