@@ -164,17 +164,24 @@ def plot_rmse(histories: dict, *, path=None, test_rmse=None):
     return None if path is not None else out
 
 
-def _declared_primaries() -> list[tuple[str, str]]:
-    """``(name, direction)`` of every program's primary metric (`dmp.engine.events.primary_of`)."""
+def _declared_primaries(history) -> list[tuple[str, str]]:
+    """``(name, direction)`` of the programs' primary metrics (`dmp.engine.events.primary_of`),
+    the default ``objective`` first; the estimators' modules are imported only when
+    ``history`` has no objective (they are slow to import)."""
+    from .engine.events import primary_of
+    from .engine.program import Program
+
+    out = [primary_of(Program)]
+    if out[0][0] in history:
+        return out
     from .decomposition._lda_program import LDAProgram
     from .decomposition._mf_program import _MFBase
-    from .engine.events import primary_of
     from .hashing._parmac import ParMACProgram
     from .linear_model._lasso_program import LassoProgram
     from .linear_model._sparsified_program import SparsifiedProgram
 
-    return [primary_of(p) for p in (LassoProgram, SparsifiedProgram, _MFBase, LDAProgram,
-                                    ParMACProgram)]
+    return out + [primary_of(p) for p in (LassoProgram, SparsifiedProgram, _MFBase,
+                                          LDAProgram, ParMACProgram)]
 
 
 def plot_training(history, *, path=None, metric: str | None = None, title: str | None = None):
@@ -211,7 +218,7 @@ def plot_training(history, *, path=None, metric: str | None = None, title: str |
             return plot_parmac(history, path=path, **kw)
         raise ValueError(f"history has no 'round' (keys: {', '.join(history)}): pass an "
                          f"estimator's history_ (or round_history_) or the estimator")
-    primaries = _declared_primaries()
+    primaries = _declared_primaries(history)
     if metric is None:
         metric = next((name for name, _ in primaries if name in history), None)
         if metric is None:

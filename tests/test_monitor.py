@@ -228,9 +228,198 @@ def test_page_view_streams_rounds():
     mon.log_event("dmp", {"kind": "fit_end", "fit": "Lasso-00000002", "status": "converged"})
     mon.log_event("dmp", _round_msg("SGD-00000003", 0))
     page.update()
-    assert page.fits.data["fit"] == ["Lasso-00000002", "SGD-00000003"]
-    assert page.fits.data["status"] == ["converged", "running"]
+    assert page.fits.data["fit"] == ["SGD-00000003", "Lasso-00000002"]   # newest first
+    assert page.fits.data["status"] == ["running", "converged"]
     assert page.select.value == "SGD-00000003" and page.view.fit_id == "SGD-00000003"
+    assert list(page.fits.selected.indices) == [0]                        # highlighted
+
+
+class _FakeScheduler:
+    def __init__(self, mon):
+        self.plugins = {"dmp-monitor": mon}
+
+
+def _glyph_columns(view):
+    """{figure title: [(glyph field, values)]} of a FitView's figures."""
+    out = {}
+    for row in view.root.children:
+        for fig in getattr(row, "children", []):
+            if not hasattr(fig, "renderers"):
+                continue
+            cols = []
+            for r in fig.renderers:
+                for attr in ("y", "y1", "y2"):
+                    spec = getattr(r.glyph, attr, None)
+                    if isinstance(spec, str) or hasattr(spec, "field"):
+                        name = spec if isinstance(spec, str) else spec.field
+                        cols.append((name, list(r.data_source.data[name])))
+            out[fig.title.text] = (type(fig.y_scale).__name__, cols)
+    return out
+
+
+def _assert_every_glyph_has_data(view):
+    for title, (_, cols) in _glyph_columns(view).items():
+        for name, values in cols:
+            assert any(isinstance(v, (int, float)) and math.isfinite(v) for v in values), \
+                f"panel {title!r}: nothing to draw in {name!r}: {values}"
+
+
+@pytest.mark.parametrize("case", ["negative_max", "nan_then_zero", "constant", "decades"])
+def test_page_panels_draw_every_kind_of_metric(case):
+    """Negative (LDA's log-likelihood), zero, NaN at the start and constant metrics all
+    draw; only a positive minimised metric spanning decades gets a log axis."""
+    pytest.importorskip("bokeh")
+    from dmp.monitor.page import DMPPage
+
+    n = 8
+    primary, direction = ("ll_per_token", "max") if case == "negative_max" else \
+        ("objective", "min")
+    values = {"negative_max": [math.nan, math.nan] + [-8.0 + 0.1 * r for r in range(n - 2)],
+              "nan_then_zero": [math.nan, math.nan] + [0.0] * (n - 2),
+              "constant": [3.0] * n,
+              "decades": [10.0 ** -r for r in range(n)]}[case]
+    mon = DMPMonitor()
+    mon.log_event("dmp", {"kind": "fit_start", "fit": "M-1", "estimator": "M",
+                          "primary_metric": primary, "primary_direction": direction,
+                          "workers": ["w0", "w1"]})
+    page = DMPPage(_FakeScheduler(mon))
+    for r in range(n):
+        extra = {primary: values[r], "other": -1.0 * r, "zero": 0.0,
+                 "late": math.nan if r < 4 else 2.0, "never": math.nan,
+                 "batch": r - r % 2, "worker_losses": 0}
+        mon.log_event("dmp", {k: v for k, v in _round_msg("M-1", r).items()
+                              if k != "objective"} | extra)
+        page.update()
+    panels = _glyph_columns(page.view)
+    _assert_every_glyph_has_data(page.view)
+    scale = {t: sc for t, (sc, _) in panels.items()}
+    want = "LogScale" if case == "decades" else "LinearScale"
+    better = "higher" if direction == "max" else "lower"
+    assert scale[f"{primary} vs round ({better} is better)"] == want
+    assert scale[f"{primary} vs time ({better} is better)"] == want
+    # a metric that was NaN at first got its panel once it had a value; one never finite
+    # gets none; bookkeeping counters are no curves
+    assert {"other vs round", "zero vs round", "late vs round"} <= set(scale)
+    assert not any(t.split()[0] in ("never", "batch", "worker_losses") for t in scale)
+    assert "8 rounds in 4 batches" in page.status.text
+
+
+def test_axis_choice():
+    from dmp.monitor.page import choose_axis
+
+    assert choose_axis(1e-8, 1.0, 5) == "log"
+    assert choose_axis(0.5, 1.0, 5) == "linear"             # less than a decade
+    assert choose_axis(0.0, 1.0, 5) == "linear"             # zero
+    assert choose_axis(-9.0, -1.0, 5) == "linear"           # negative
+    assert choose_axis(1e-8, 1.0, 5, "max") == "linear"     # maximised
+    assert choose_axis(math.inf, -math.inf, 0) == "linear"  # no data yet
+
+
+def test_fits_table_newest_first_labelled_by_the_differing_parameter():
+    pytest.importorskip("bokeh")
+    from dmp.monitor.page import DMPPage
+
+    mon = DMPMonitor()
+    page = DMPPage(_FakeScheduler(mon))
+    ids = []
+    for k, schedule in enumerate(["priority", "round_robin"] * 4 + ["priority"]):
+        fit = f"Lasso-0000000{k}"
+        ids.append(fit)
+        mon.log_event("dmp", {"kind": "fit_start", "fit": fit, "estimator": "Lasso",
+                              "params": {"alpha": 0.1, "schedule": schedule,
+                                         "checkpoint": f"/tmp/{schedule}-{k}.zarr"}})
+        mon.log_event("dmp", _round_msg(fit, 0))
+        if k < 8:
+            mon.log_event("dmp", {"kind": "fit_end", "fit": fit, "status": "converged"})
+    mon.log_event("dmp", _round_msg("MF-1", 0))            # another estimator: no label
+    mon.log_event("dmp", {"kind": "fit_end", "fit": "MF-1", "status": "max_iter"})
+    page.update()
+    data = page.fits.data
+    assert data["fit"] == ["MF-1"] + ids[::-1]
+    assert data["run"][1:3] == ["schedule=priority", "schedule=round_robin"]
+    assert data["run"][0] == ""
+    # the running fit is shown and highlighted, and every row fits in the table's height
+    assert page.select.value == ids[-1] and list(page.fits.selected.indices) == [1]
+    assert page.table.height >= page.table.row_height * (len(data["fit"]) + 1)
+    assert dict(page.select.options)[ids[-1]].startswith("schedule=priority")
+    # a row clicked in the table shows that fit
+    page.fits.selected.indices = [2]
+    page.update()
+    assert page.select.value == ids[-2] and page.view.fit_id == ids[-2]
+    assert list(page.fits.selected.indices) == [2]
+
+
+def test_prometheus_objective_only_for_minimised_metrics():
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import generate_latest
+
+    from dmp.monitor import prometheus
+
+    mon = DMPMonitor()
+    mon.log_event("dmp", {"kind": "fit_start", "fit": "LDA-1", "estimator": "LDA",
+                          "primary_metric": "ll_per_token", "primary_direction": "max"})
+    mon.log_event("dmp", {"kind": "fit_start", "fit": "BA-1", "estimator": "BA",
+                          "primary_metric": "E_BA", "primary_direction": "min"})
+    for r in range(4):
+        mon.log_event("dmp", _round_msg("LDA-1", r, ll_per_token=-7.5 + r, batch=r - r % 2,
+                                        worker_losses=0))
+        mon.log_event("dmp", _round_msg("BA-1", r, E_BA=2.0 - r / 10, batch=r,
+                                        worker_losses=0))
+    assert prometheus.track(mon)
+    try:
+        series = _dmp_series(generate_latest().decode())
+    finally:
+        prometheus.untrack(mon)
+
+    def get(name, fit, **more):
+        return series.get((name, frozenset({"fit": fit, "estimator": fit.split("-")[0],
+                                            **more}.items())))
+
+    assert get("dmp_objective", "LDA-1") is None            # maximised: never an objective
+    assert get("dmp_primary_metric", "LDA-1", metric="ll_per_token", direction="max") == -4.5
+    assert get("dmp_objective", "BA-1") == pytest.approx(1.7)
+    assert get("dmp_primary_metric", "BA-1", metric="E_BA", direction="min") == \
+        pytest.approx(1.7)
+    assert get("dmp_batches_total", "LDA-1") == 2 and get("dmp_batches_total", "BA-1") == 4
+    for fit in ("LDA-1", "BA-1"):                            # counters, not metric curves
+        assert get("dmp_metric", fit, metric="batch") is None
+        assert get("dmp_metric", fit, metric="worker_losses") is None
+    snap = json.loads(mon.to_json())["fits"]
+    lda = next(f for f in snap if f["fit"] == "LDA-1")
+    assert (lda["primary_metric"], lda["direction"], lda["value"]) == \
+        ("ll_per_token", "max", -4.5)
+    assert "batch" not in lda["metrics"] and lda["n_batches"] == 2
+
+
+def test_follower_summarises_checkpoints():
+    import io
+
+    from dmp.monitor.follow import _Printer
+
+    out = io.StringIO()
+    printer = _Printer(out, interval=1e9)
+    printer.handle((0, {"kind": "fit_start", "fit": "L-1", "estimator": "Lasso",
+                        "n_partitions": 2, "max_iter": 1000}))
+    for r in range(1000):
+        printer.handle((r, _round_msg("L-1", r)))
+        if r % 25 == 24:
+            printer.handle((r, {"kind": "checkpoint", "fit": "L-1", "round": r + 1}))
+    printer.handle((1001, {"kind": "fit_end", "fit": "L-1", "status": "max_iter",
+                           "n_rounds": 1000, "wall_s": 9.0}))
+    lines = out.getvalue().splitlines()
+    assert len(lines) <= 5, lines
+    assert sum("checkpoint" in line for line in lines) == 2
+    assert "40 checkpoint(s), the last at round 1000" in lines[-1]
+
+
+def test_cli_monitor_unresolvable_host_says_so(capsys):
+    from dmp.cli import main
+
+    t0 = time.monotonic()
+    assert main(["monitor", "tcp://no-such-host.invalid:8786", "--timeout", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "'no-such-host.invalid' does not resolve" in err and "Timed out" not in err
+    assert time.monotonic() - t0 < 5
 
 
 def test_plot_history_writes_png(tmp_path):

@@ -275,16 +275,18 @@ class DMPPage:
         self.view: FitView | None = None
         self.follow_newest = True
         self.title = Div(text="<h2>dmp: model-parallel training</h2>")
-        self.status = Div(text="waiting for a dmp fit on this cluster...", width=1100)
-        self.select = Select(title="fit", options=[], value="", width=520)
+        self.status = Div(text="waiting for a dmp fit on this cluster...", width=1100,
+                          name="dmp-status")
+        self.select = Select(title="fit", options=[], value="", width=520,
+                             name="dmp-fit-select")
         self.select.on_change("value", self._on_select)
         self.fits = ColumnDataSource({c: [] for c, _, _ in self._COLUMNS})
         self.fits.selected.on_change("indices", self._on_row)
         self.table = DataTable(source=self.fits, height=self._table_height(1), width=1200,
-                               index_position=None, selectable=True,
+                               index_position=None, selectable=True, name="dmp-fits-table",
                                columns=[TableColumn(field=c, title=t, width=w)
                                         for c, t, w in self._COLUMNS])
-        self.body = column(Div(text=""))
+        self.body = column(Div(text=""), name="dmp-body")
         self.root = column(self.title, row(self.select), self.status, self.table, self.body)
         self._setting = False
 
