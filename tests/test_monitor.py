@@ -4,6 +4,7 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -495,6 +496,147 @@ def test_fit_registers_monitor_json_and_prometheus_match_history(dask_client):
     assert status == 200 and "bokeh" in page.lower()
 
 
+def _five_models(backend):
+    """One tiny fit of each of dmp's five models: ``[(estimator, fit arguments)]``."""
+    import scipy.sparse as sp
+    from sklearn.datasets import load_digits
+
+    from dmp.decomposition import LatentDirichletAllocation, MatrixFactorization
+    from dmp.hashing import BinaryAutoencoder
+    from dmp.linear_model import Lasso, SparsifiedSGDClassifier
+    from test_lda import lda_corpus
+
+    rng = np.random.default_rng(0)
+    X, y = make_problem(n=200, p=400, seed=3)
+    R = sp.random(60, 40, density=0.3, random_state=1, format="coo")
+    R.data = rng.uniform(1, 5, R.nnz)
+    docs, _, _ = lda_corpus(n_docs=60, n_words=80, n_topics=4, doc_len=30, seed=7)
+    Xc = rng.standard_normal((200, 20))
+    kw = dict(n_workers=2, backend=backend, random_state=0)
+    return [
+        (Lasso(alpha=0.05 * alpha_max(X, y), **kw), (X, y)),
+        (MatrixFactorization(n_components=3, max_iter=3, tol=0, **kw), (R,)),
+        (LatentDirichletAllocation(4, max_iter=4, **kw), (docs,)),
+        (BinaryAutoencoder(8, max_iter=2, **kw), (load_digits().data[:300],)),
+        (SparsifiedSGDClassifier(alpha=1e-2, max_iter=30, tol=None, **kw),
+         (Xc, (Xc[:, 0] > 0).astype(int))),
+    ]
+
+
+@pytest.fixture(scope="module")
+def five_fits(dask_client):
+    """``{estimator name: (fitted estimator, fit id)}`` of `_five_models` on the cluster."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    fitted = {}
+    assert ensure_monitor(dask_client)
+    for est, args in _five_models(dask_client):
+        before = {f["fit"] for f in json.loads(_get(_base(dask_client) + JSON_PATH)[1])["fits"]}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)   # tiny budgets on purpose
+            est.fit(*args)
+        fits = json.loads(_get(_base(dask_client) + JSON_PATH)[1])["fits"]
+        new = [f["fit"] for f in fits if f["fit"] not in before]
+        assert len(new) == 1, new
+        fitted[type(est).__name__] = (est, new[0])
+    return fitted
+
+
+def _rounds_of(est):
+    return getattr(est, "round_history_", est.history_)
+
+
+@pytest.mark.dask
+def test_every_model_reports_its_declared_primary_metric(five_fits, dask_client):
+    """One definition of the primary metric per fit: the JSON route and Prometheus carry the
+    name, direction and value the program declares and ``history_`` holds; dmp_objective only
+    for minimised metrics; batch and worker_losses are counters, not metrics."""
+    from dmp.decomposition._lda_program import LDAProgram
+    from dmp.decomposition._mf_program import _MFBase
+    from dmp.engine.events import primary_of
+    from dmp.hashing._parmac import ParMACProgram
+    from dmp.linear_model._lasso_program import LassoProgram
+    from dmp.linear_model._sparsified_program import SparsifiedProgram
+
+    programs = {"Lasso": LassoProgram, "MatrixFactorization": _MFBase,
+                "LatentDirichletAllocation": LDAProgram, "BinaryAutoencoder": ParMACProgram,
+                "SparsifiedSGDClassifier": SparsifiedProgram}
+    assert primary_of(LDAProgram) == ("ll_per_token", "max")
+    base = _base(dask_client)
+    fits = {f["fit"]: f for f in json.loads(_get(base + JSON_PATH)[1])["fits"]}
+    series = _dmp_series(_get(base + "/metrics")[1])
+    for name, (est, fit_id) in five_fits.items():
+        metric, direction = primary_of(programs[name])
+        got = fits[fit_id]
+        value = float(_rounds_of(est)[metric][-1])
+        assert (got["primary_metric"], got["direction"], got["value"]) == \
+            (metric, direction, value), name
+        lab = {"fit": fit_id, "estimator": name}
+        assert series[("dmp_primary_metric", frozenset(
+            {**lab, "metric": metric, "direction": direction}.items()))] == value
+        objective = series.get(("dmp_objective", frozenset(lab.items())))
+        assert objective == (value if direction == "min" else None), name
+        assert "batch" not in got["metrics"] and "worker_losses" not in got["metrics"]
+        assert got["n_batches"] == len(set(_rounds_of(est)["batch"].tolist()))
+        assert series[("dmp_batches_total", frozenset(lab.items()))] == got["n_batches"]
+        assert not any(k[0] == "dmp_metric" and ("metric", "batch") in k[1] for k in series)
+
+
+@pytest.mark.dask
+def test_plot_history_works_for_every_model(five_fits, tmp_path):
+    """The README's ``plot_history(est.history_, path=...)``, no other argument, for each."""
+    for name, (est, _) in five_fits.items():
+        path = plot_history(est.history_, path=str(tmp_path / f"{name}.png"))
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n", name
+    # the binary autoencoder's rounds (its history_ holds MAC iterations), also from the
+    # estimator itself
+    ba = five_fits["BinaryAutoencoder"][0]
+    for i, what in enumerate((ba.round_history_, ba)):
+        path = plot_history(what, path=str(tmp_path / f"ba-rounds-{i}.png"))
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.dask
+@pytest.mark.slow
+def test_lda_pipeline_names_its_primary_metric_everywhere(dask_client, tmp_path, capsys):
+    """The issue's repro: ``dmp run pipelines/lda_small.yaml --scheduler ...``: the console,
+    metrics.json, the JSON route and Prometheus give the same name and value (the
+    log-likelihood per token, maximised), and nothing calls it or its negative "objective"."""
+    from pathlib import Path
+
+    from dmp.cli import main
+
+    repo = Path(__file__).resolve().parents[1]
+    base = _base(dask_client)
+    assert ensure_monitor(dask_client)
+    before = {f["fit"] for f in json.loads(_get(base + JSON_PATH)[1])["fits"]}
+    out = tmp_path / "lda"
+    assert main(["run", str(repo / "pipelines" / "lda_small.yaml"), "--output", str(out),
+                 "--no-progress", "--scheduler", dask_client.scheduler.address]) == 0
+    printed = capsys.readouterr().out
+    metrics = json.loads((out / "metrics.json").read_text())
+    run = metrics["runs"]["LatentDirichletAllocation"]
+    assert (run["primary_metric"], run["direction"]) == ("ll_per_token", "max")
+    assert "objective" not in run and "best_objective" not in metrics
+    assert run["value"] == pytest.approx(run["ll_per_token"], rel=1e-12) and run["value"] < 0
+    assert metrics["best_value"] == run["value"]
+    assert f"ll_per_token {run['value']:.10g} (higher is better)" in printed
+    assert "objective" not in printed
+    fit = next(f for f in json.loads(_get(base + JSON_PATH)[1])["fits"]
+               if f["fit"] not in before)
+    assert (fit["primary_metric"], fit["direction"], fit["value"]) == \
+        ("ll_per_token", "max", run["value"])
+    series = _dmp_series(_get(base + "/metrics")[1])
+    lab = {"fit": fit["fit"], "estimator": "LatentDirichletAllocation"}
+    assert ("dmp_objective", frozenset(lab.items())) not in series
+    assert series[("dmp_primary_metric", frozenset(
+        {**lab, "metric": "ll_per_token", "direction": "max"}.items()))] == run["value"]
+
+
 @pytest.mark.dask
 def test_monitor_off_by_config_sends_nothing():
     import dask
@@ -651,6 +793,124 @@ def _chromium():
         if os.path.exists(path):
             return path
     return None
+
+
+_LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update",
+                "--disable-sync"]
+
+# In the page: every glyph of the shown fit's figures, with the values of its data fields.
+_GLYPHS_JS = """() => {
+  const doc = Bokeh.documents[0];
+  const out = [];
+  const walk = (m) => {
+    if (m.renderers !== undefined && m.title !== undefined) {
+      for (const r of m.renderers) {
+        if (r.glyph === undefined) continue;
+        const fields = [];
+        for (const attr of ["y", "y1", "y2"]) {
+          const spec = r.glyph[attr];
+          if (spec !== undefined && spec !== null && typeof spec.field === "string") {
+            const col = r.data_source.data.get !== undefined
+                ? r.data_source.data.get(spec.field) : r.data_source.data[spec.field];
+            const vals = col === undefined ? [] : Array.from(col);
+            fields.push({field: spec.field, n: vals.length,
+                         finite: vals.filter(v => typeof v === "number" && isFinite(v)).length});
+          }
+        }
+        out.push({figure: m.title ? m.title.text : "?", glyph: r.glyph.type, fields,
+                  y_scale: m.y_scale ? m.y_scale.type : "?"});
+      }
+    }
+    for (const c of (m.children || [])) walk(Array.isArray(c) ? c[0] : c);
+  };
+  walk(doc.get_model_by_name("dmp-body"));
+  return out;
+}"""
+
+_STATUS_JS = """() => Bokeh.documents[0].get_model_by_name("dmp-status").text"""
+
+_SELECT_JS = """(fit) => {
+  const sel = Bokeh.documents[0].get_model_by_name("dmp-fit-select");
+  sel.value = fit;
+}"""
+
+
+def _bokeh_problems(messages):
+    """Console messages of the page that report a problem (Bokeh's own warnings included,
+    e.g. "could not determine minimum data value for log axis")."""
+    return [f"{kind}: {text}" for kind, text in messages
+            if kind in ("error", "warning") or "could not" in text.lower()]
+
+
+def _undrawn(glyphs):
+    """The glyphs with nothing to draw: no finite value in one of their data fields."""
+    return [f"{g['figure']!r}: {f['field']} ({f['n']} values, none finite)"
+            for g in glyphs for f in g["fields"] if f["finite"] == 0]
+
+
+def _launch(sync_api, pw):
+    chromium = _chromium()
+    if chromium is None:
+        if os.environ.get("DMP_REQUIRE_BROWSER"):
+            pytest.fail("DMP_REQUIRE_BROWSER is set but /usr/bin/chromium is missing")
+        pytest.skip("no Chromium: install Debian's chromium package (.ci/install-browser)")
+    return pw.chromium.launch(executable_path=chromium, args=_LAUNCH_ARGS)
+
+
+def _artifacts():
+    path = os.environ.get("DMP_TEST_ARTIFACTS",
+                          os.path.join(os.path.dirname(__file__), "..", "test-artifacts"))
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+@pytest.mark.dask
+@pytest.mark.browser
+def test_dashboard_draws_every_panel_of_every_model(five_fits, dask_client):
+    """Each model's fit selected in turn on the /dmp page: every glyph of every figure has
+    data to draw, and the browser console reports no problem (an empty LDA page passed the
+    older test: its values were negative on log axes)."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if _chromium() is None and not os.environ.get("DMP_REQUIRE_BROWSER"):
+        pytest.skip("no Chromium: install Debian's chromium package (.ci/install-browser)")
+    artifacts = _artifacts()
+    with sync_api.sync_playwright() as pw:
+        browser = _launch(sync_api, pw)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 1700})
+            messages = []
+            page.on("console", lambda m: messages.append((m.type, m.text)))
+            page.on("pageerror", lambda exc: messages.append(("error", str(exc))))
+            page.goto(_base(dask_client) + "/dmp")
+            page.locator("canvas").first.wait_for(timeout=60_000)
+            fits = {f["fit"]: f for f in json.loads(_get(_base(dask_client) + JSON_PATH)[1])
+                    ["fits"]}
+            for name, (est, fit_id) in five_fits.items():
+                page.evaluate(_SELECT_JS, fit_id)
+                deadline = time.monotonic() + 30
+                while True:
+                    page.wait_for_timeout(700)   # an update (every 500 ms) and its render
+                    status = page.evaluate(_STATUS_JS)
+                    glyphs = page.evaluate(_GLYPHS_JS)
+                    if ((fit_id in status and glyphs and not _undrawn(glyphs))
+                            or time.monotonic() > deadline):
+                        break
+                page.screenshot(path=os.path.join(artifacts, f"dmp-{name}.png"),
+                                full_page=True)
+                assert fit_id in status, (name, status)
+                assert not _undrawn(glyphs), (name, _undrawn(glyphs))
+                n_rounds = fits[fit_id]["n_rounds"]   # each round drawn once
+                assert all(f["n"] == n_rounds for g in glyphs for f in g["fields"]), \
+                    (name, n_rounds, [(g["figure"], f["n"]) for g in glyphs for f in g["fields"]])
+                figures = {g["figure"] for g in glyphs}
+                primary = fits[fit_id]["primary_metric"]
+                assert {f"{primary} vs {x}" for x in ("time", "round")} <= \
+                    {t.split(" (")[0] for t in figures}, (name, figures)
+                assert {"push time per worker (s)", "bytes moved, cumulative"} <= figures
+            assert not _bokeh_problems(messages), _bokeh_problems(messages)
+        finally:
+            browser.close()
 
 
 @pytest.mark.dask

@@ -87,6 +87,7 @@ class FitView:
         self.seq = 0
         self.n_events = -1
         self.stale = False
+        self.filled = False
         self.n_workers = max(len(fit.push_total), 1)
         self.primary = fit.primary_metric
         self.direction = fit.primary_direction
@@ -238,7 +239,13 @@ class FitView:
                     for i in range(5):
                         new[f"pq{i}"].append(_num(q[i]))
                 self._track(rec)   # (again for the rounds the constructor saw: harmless)
-            self.source.stream(new, rollover=self.max_rounds)
+            if self.filled:
+                self.source.stream(new, rollover=self.max_rounds)
+            else:
+                # a new view's first rounds are its data, not a stream: a stream to a model
+                # added to the document in the same callback reaches the browser twice
+                self.source.data = new
+                self.filled = True
             self.stale = self._layout() != self.layout
         if len(fit.events) != self.n_events:
             self.n_events = len(fit.events)
