@@ -269,9 +269,9 @@ class DMPPage:
     compares) are labelled by them (`run_labels`).
     """
 
-    _COLUMNS = (("run", "run", 160), ("fit", "fit", 190), ("estimator", "estimator", 170),
-                ("status", "status", 80), ("round", "round", 60), ("metric", "metric", 100),
-                ("value", "value", 100), ("params", "params", 340))
+    _COLUMNS = (("run", "run", 150), ("fit", "fit", 200), ("estimator", "estimator", 170),
+                ("status", "status", 70), ("round", "round", 50), ("metric", "metric", 130),
+                ("value", "value", 90), ("params", "params", 250))
     _ROW_PX = 25
 
     def __init__(self, scheduler):
@@ -289,7 +289,7 @@ class DMPPage:
         self.select.on_change("value", self._on_select)
         self.fits = ColumnDataSource({c: [] for c, _, _ in self._COLUMNS})
         self.fits.selected.on_change("indices", self._on_row)
-        self.table = DataTable(source=self.fits, height=self._table_height(1), width=1200,
+        self.table = DataTable(source=self.fits, height=self._table_height(1), width=1110,
                                index_position=None, selectable=True, name="dmp-fits-table",
                                columns=[TableColumn(field=c, title=t, width=w)
                                         for c, t, w in self._COLUMNS])
