@@ -954,6 +954,7 @@ def test_dashboard_page_in_headless_chromium(dask_client):
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
+    assert ensure_monitor(dask_client)   # /dmp exists before the page is opened
     worker = threading.Thread(target=fit)
     worker.start()
     artifacts = os.environ.get("DMP_TEST_ARTIFACTS",
@@ -967,6 +968,8 @@ def test_dashboard_page_in_headless_chromium(dask_client):
                 "--disable-sync"])
             try:
                 page = browser.new_page(viewport={"width": 1200, "height": 1700})
+                messages = []
+                page.on("console", lambda m: messages.append((m.type, m.text)))
                 page.goto(_base(dask_client) + "/dmp")
                 status = page.get_by_text(re.compile(r"round \d+ / 400"))
                 status.first.wait_for(timeout=60_000)
@@ -983,6 +986,9 @@ def test_dashboard_page_in_headless_chromium(dask_client):
                 assert later > first, "the page did not update while the fit ran"
                 assert "objective" in text and "Lasso" in text
                 assert page.locator("canvas").count() >= 6
+                # the rounds streamed while the fit runs draw in every panel
+                assert not _undrawn(page.evaluate(_GLYPHS_JS))
+                assert not _bokeh_problems(messages), _bokeh_problems(messages)
             finally:
                 browser.close()
     finally:
