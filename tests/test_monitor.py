@@ -421,6 +421,11 @@ def test_cli_monitor_unresolvable_host_says_so(capsys):
     err = capsys.readouterr().err
     assert "'no-such-host.invalid' does not resolve" in err and "Timed out" not in err
     assert time.monotonic() - t0 < 5
+    # the one place dmp connects to a scheduler (dmp run --scheduler, dmp monitor)
+    from dmp.engine.backends.dask import connect
+
+    with pytest.raises(ConnectionError, match="'no-such-host.invalid' does not resolve"):
+        connect("tls://no-such-host.invalid:8786")
 
 
 def test_plot_history_writes_png(tmp_path):
