@@ -481,7 +481,8 @@ class LDAProgram(Program):
                 "n_k_min": int(dr["n_k"].min()) if dr["n_k"] is not None else 0}
 
     def progress_postfix(self):
-        return {"sweep": self.driver["sweep"], "ll/token": f"{self.metrics()['ll_per_token']:.4f}"}
+        return {"sweep": self.driver["sweep"],
+                "ll_per_token": f"{self.metrics()['ll_per_token']:.4f}"}
 
     def driver_state(self):
         dr = self.driver
