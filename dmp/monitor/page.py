@@ -284,7 +284,7 @@ class DMPPage:
         self.title = Div(text="<h2>dmp: model-parallel training</h2>")
         self.status = Div(text="waiting for a dmp fit on this cluster...", width=1100,
                           name="dmp-status")
-        self.select = Select(title="fit", options=[], value="", width=520,
+        self.select = Select(title="fit", options=[], value="", width=760,
                              name="dmp-fit-select")
         self.select.on_change("value", self._on_select)
         self.fits = ColumnDataSource({c: [] for c, _, _ in self._COLUMNS})
