@@ -282,7 +282,8 @@ def _mf_summary(est, wall_s, ds, kernel_s):
 def _lda_summary(est, wall_s, kernel_s):
     h = est.history_
     tps = np.asarray(h["tokens_per_s"], dtype=float)
-    return {"objective": -est.log_likelihood_, "log_likelihood": est.log_likelihood_,
+    # (no "objective": LDA's primary metric is ll_per_token, maximised; see _primary_fields)
+    return {"log_likelihood": est.log_likelihood_,
             "ll_per_token": est.log_likelihood_ / est.n_tokens_, "sweeps": int(est.n_iter_),
             "rounds": int(len(h["round"])), "wall_time_s": wall_s, "tokens": est.n_tokens_,
             "tokens_per_s_median": float(np.nanmedian(tps)) if np.isfinite(tps).any() else None,
@@ -383,6 +384,42 @@ def _loop_times(est, wall_s) -> dict:
     loop = float(t[-1]) if len(t) else 0.0
     rest = wall_s - loop
     return {"round_loop_time_s": loop, "setup_time_s": rest if rest >= 0 else None}
+
+
+def _primary_fields(est) -> dict:
+    """The run's primary metric as its program declares it (`dmp.engine.events.primary_of`)
+    and as the live monitor reports it (JSON route, ``/dmp`` page, Prometheus): name,
+    direction and the last round's value."""
+    from .engine.events import primary_of
+
+    if hasattr(est, "decoder_coef_"):
+        from .hashing._parmac import ParMACProgram as program
+    elif hasattr(est, "topic_word_counts_"):
+        from .decomposition._lda_program import LDAProgram as program
+    elif hasattr(est, "user_factors_"):
+        from .decomposition._mf_program import _MFBase as program
+    elif hasattr(est, "dual_gap_"):
+        from .linear_model._lasso_program import LassoProgram as program
+    else:
+        from .linear_model._sparsified_program import SparsifiedProgram as program
+    name, direction = primary_of(program)
+    value = float(np.asarray(getattr(est, "round_history_", est.history_)[name],
+                             dtype=float)[-1])
+    return {"primary_metric": name, "direction": direction,
+            "value": value if np.isfinite(value) else None}
+
+
+def _best(runs: dict) -> dict:
+    """The best run's primary metric (the lowest, or the highest for a maximised one), and
+    ``best_objective`` where the primary metric is minimised."""
+    first = next(iter(runs.values()))
+    values = [r["value"] for r in runs.values() if r["value"] is not None]
+    pick = max if first["direction"] == "max" else min
+    out = {"primary_metric": first["primary_metric"], "direction": first["direction"],
+           "best_value": pick(values) if values else None}
+    if first["direction"] == "min":
+        out["best_objective"] = min(r["objective"] for r in runs.values())
+    return out
 
 
 def _summary(est, wall_s, reference=None, ds=None):
@@ -565,14 +602,14 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
             t0 = time.perf_counter()
             est.fit(ds)
             wall = time.perf_counter() - t0
-            runs[label] = {**_summary(est, wall, reference, ds), **_loop_times(est, wall)}
+            runs[label] = {**_primary_fields(est), **_summary(est, wall, reference, ds),
+                           **_loop_times(est, wall)}
             histories[label] = getattr(est, "round_history_", est.history_)
             fitted[label] = est
             if hasattr(est, "decoder_coef_"):
-                extra = (f"E_BA {est.history_['E_BA'][-1]:.5g}  MAC iterations "
-                         f"{est.n_iter_} ({est.stop_reason_})")
+                extra = f"MAC iterations {est.n_iter_} ({est.stop_reason_})"
             elif hasattr(est, "topic_word_counts_"):
-                extra = (f"log-likelihood/token {runs[label]['ll_per_token']:.5f}  "
+                extra = (f"log-likelihood {runs[label]['log_likelihood']:.6g}  "
                          f"sweeps {est.n_iter_}")
             elif hasattr(est, "dual_gap_"):
                 extra = f"gap {est.dual_gap_:.3e}"
@@ -582,14 +619,17 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
                                   if runs[label][k] is not None)
             else:
                 extra = f"blocks uploaded {runs[label]['blocks_uploaded']}"
-            log(f"  objective {runs[label]['objective']:.10g}  {extra}  rounds "
-                f"{runs[label]['rounds']}  {wall:.2f}s "
-                f"({runs[label]['round_loop_time_s']:.2f}s in the round loop)")
+            run_ = runs[label]
+            value = "n/a" if run_["value"] is None else f"{run_['value']:.10g}"
+            log(f"  {run_['primary_metric']} {value} "
+                f"({'higher' if run_['direction'] == 'max' else 'lower'} is better)  "
+                f"{extra}  rounds {run_['rounds']}  {wall:.2f}s "
+                f"({run_['round_loop_time_s']:.2f}s in the round loop)")
         metrics = {
             "pipeline": spec["name"], "dataset": str(getattr(ds, "path", ds)),
             "shape": list(ds.shape), "nnz": int(ds.nnz), "n_workers": n_workers,
             "scheduler": client.scheduler.address, "params": params,
-            "best_objective": min(r["objective"] for r in runs.values()), "runs": runs,
+            **_best(runs), "runs": runs,
             "reference_objective": reference,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         }

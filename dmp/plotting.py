@@ -307,42 +307,83 @@ def plot_rmse(histories: dict, *, path=None, test_rmse=None, wall_time=None):
     return None if path is not None else out
 
 
-def plot_training(history, *, path=None, metric: str = "objective", title: str | None = None):
+def _declared_primaries(history) -> list[tuple[str, str]]:
+    """``(name, direction)`` of the programs' primary metrics (`dmp.engine.events.primary_of`),
+    the default ``objective`` first; the estimators' modules are imported only when
+    ``history`` has no objective (they are slow to import)."""
+    from .engine.events import primary_of
+    from .engine.program import Program
+
+    out = [primary_of(Program)]
+    if out[0][0] in history:
+        return out
+    from .decomposition._lda_program import LDAProgram
+    from .decomposition._mf_program import _MFBase
+    from .hashing._parmac import ParMACProgram
+    from .linear_model._lasso_program import LassoProgram
+    from .linear_model._sparsified_program import SparsifiedProgram
+
+    return out + [primary_of(p) for p in (LassoProgram, SparsifiedProgram, _MFBase,
+                                          LDAProgram, ParMACProgram)]
+
+
+def plot_training(history, *, path=None, metric: str | None = None, title: str | None = None):
     """The dashboard's figures, after the fact, from one fit's ``history_``.
 
-    Four panels: ``metric`` against time in the round loop and against round (a log axis
-    only for a positive metric spanning two decades or more, e.g. a duality gap; a raw
-    objective stays linear), push and idle (barrier wait) time per partition per round (the
-    median and the range over the partitions when there are more than four), and cumulative
-    bytes per primitive.
+    Four panels: ``metric`` against time in the round loop and against round, push and idle
+    (barrier wait) time per partition per round (the median and the range over the partitions
+    when there are more than four), and cumulative bytes per primitive.  The metric's axis is
+    logarithmic only for a minimised metric that is positive and spans a decade (as on the
+    ``/dmp`` page): a raw objective that moves by a few percent stays linear.
 
     Parameters
     ----------
-    history : dict
-        An estimator's ``history_`` (arrays per key, ``push_s``/``idle_s`` rounds x workers).
+    history : dict or fitted estimator
+        An estimator's ``history_`` (arrays per key, ``push_s``/``idle_s`` rounds x workers),
+        or the estimator itself (its per-round history: ``round_history_`` where it has one).
+        A `BinaryAutoencoder`'s ``history_`` holds MAC iterations, not rounds: it gets the
+        estimator's own figure (`plot_parmac`).
     path : str, optional
         Save the figure there (PNG) instead of returning it open.
-    metric : str
-        The metric to draw (``objective``, ``dual_gap``, ``valid_rmse``, ...).
+    metric : str, optional
+        The metric to draw (``objective``, ``dual_gap``, ``valid_rmse``, ...); by default the
+        primary metric its program declares (``objective``, LDA's ``ll_per_token``, the
+        binary autoencoder's ``E_BA``).
+    title : str, optional
+        A title over the figure.
     """
-    plt = _pyplot(path)
-
-    if not len(history) or "round" not in history:
+    if not isinstance(history, dict) and hasattr(history, "history_"):
+        history = getattr(history, "round_history_", history.history_)
+    if not len(history):
         raise ValueError("history is empty: fit the estimator first")
+    if "round" not in history:
+        if {"iteration", "E_BA", "penalty"} <= set(history) and metric in (None, "E_BA"):
+            kw = {} if title is None else {"title": title}
+            return plot_parmac(history, path=path, **kw)
+        raise ValueError(f"history has no 'round' (keys: {', '.join(history)}): pass an "
+                         f"estimator's history_ (or round_history_) or the estimator")
+    primaries = _declared_primaries(history)
+    if metric is None:
+        metric = next((name for name, _ in primaries if name in history), None)
+        if metric is None:
+            raise ValueError(f"history has none of the declared primary metrics "
+                             f"{sorted({n for n, _ in primaries})}; pass metric=")
     if metric not in history:
         scalars = [k for k in history if k not in ("push_s", "idle_s", "ring_s")]
         raise ValueError(f"history has no {metric!r}; it has {', '.join(scalars)}")
+    direction = dict(primaries).get(metric, "min")
+    plt = _pyplot(path)
     rounds = np.asarray(history["round"])
     y = np.asarray(history[metric], dtype=float)
     fig, axes = plt.subplots(2, 2, figsize=(12, 7))
     fin = y[np.isfinite(y)]
-    # on a log axis a raw objective that moves by a few percent draws a flat line
-    log = bool(len(fin) and np.all(fin > 0) and fin.max() >= 100 * fin.min())
+    log = bool(direction == "min" and fin.size and fin.min() > 0 and fin.max() >= 10 * fin.min())
+    better = "higher" if direction == "max" else "lower"
     for ax, x, xlabel, short in ((axes[0, 0], np.asarray(history["time"]), TIME_LABEL, "time"),
                                  (axes[0, 1], rounds, "round", "round")):
         ax.plot(x, y, marker="." if len(y) < 60 else None)
-        ax.set(xlabel=xlabel, ylabel=metric, yscale="log" if log else "linear",
-               title=f"{metric} vs {short}")
+        ax.set(xlabel=xlabel, ylabel=f"{metric} ({better} is better)",
+               yscale="log" if log else "linear", title=f"{metric} vs {short}")
     push = np.atleast_2d(np.asarray(history.get("push_s", np.zeros((len(rounds), 0))),
                                     dtype=float))
     idle = np.atleast_2d(np.asarray(history.get("idle_s", np.zeros_like(push)), dtype=float))

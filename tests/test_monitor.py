@@ -4,6 +4,7 @@ import json
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -228,9 +229,203 @@ def test_page_view_streams_rounds():
     mon.log_event("dmp", {"kind": "fit_end", "fit": "Lasso-00000002", "status": "converged"})
     mon.log_event("dmp", _round_msg("SGD-00000003", 0))
     page.update()
-    assert page.fits.data["fit"] == ["Lasso-00000002", "SGD-00000003"]
-    assert page.fits.data["status"] == ["converged", "running"]
+    assert page.fits.data["fit"] == ["SGD-00000003", "Lasso-00000002"]   # newest first
+    assert page.fits.data["status"] == ["running", "converged"]
     assert page.select.value == "SGD-00000003" and page.view.fit_id == "SGD-00000003"
+    assert list(page.fits.selected.indices) == [0]                        # highlighted
+
+
+class _FakeScheduler:
+    def __init__(self, mon):
+        self.plugins = {"dmp-monitor": mon}
+
+
+def _glyph_columns(view):
+    """{figure title: [(glyph field, values)]} of a FitView's figures."""
+    out = {}
+    for row in view.root.children:
+        for fig in getattr(row, "children", []):
+            if not hasattr(fig, "renderers"):
+                continue
+            cols = []
+            for r in fig.renderers:
+                for attr in ("y", "y1", "y2"):
+                    spec = getattr(r.glyph, attr, None)
+                    if isinstance(spec, str) or hasattr(spec, "field"):
+                        name = spec if isinstance(spec, str) else spec.field
+                        cols.append((name, list(r.data_source.data[name])))
+            out[fig.title.text] = (type(fig.y_scale).__name__, cols)
+    return out
+
+
+def _assert_every_glyph_has_data(view):
+    for title, (_, cols) in _glyph_columns(view).items():
+        for name, values in cols:
+            assert any(isinstance(v, (int, float)) and math.isfinite(v) for v in values), \
+                f"panel {title!r}: nothing to draw in {name!r}: {values}"
+
+
+@pytest.mark.parametrize("case", ["negative_max", "nan_then_zero", "constant", "decades"])
+def test_page_panels_draw_every_kind_of_metric(case):
+    """Negative (LDA's log-likelihood), zero, NaN at the start and constant metrics all
+    draw; only a positive minimised metric spanning decades gets a log axis."""
+    pytest.importorskip("bokeh")
+    from dmp.monitor.page import DMPPage
+
+    n = 8
+    primary, direction = ("ll_per_token", "max") if case == "negative_max" else \
+        ("objective", "min")
+    values = {"negative_max": [math.nan, math.nan] + [-8.0 + 0.1 * r for r in range(n - 2)],
+              "nan_then_zero": [math.nan, math.nan] + [0.0] * (n - 2),
+              "constant": [3.0] * n,
+              "decades": [10.0 ** -r for r in range(n)]}[case]
+    mon = DMPMonitor()
+    mon.log_event("dmp", {"kind": "fit_start", "fit": "M-1", "estimator": "M",
+                          "primary_metric": primary, "primary_direction": direction,
+                          "workers": ["w0", "w1"]})
+    page = DMPPage(_FakeScheduler(mon))
+    for r in range(n):
+        extra = {primary: values[r], "other": -1.0 * r, "zero": 0.0,
+                 "late": math.nan if r < 4 else 2.0, "never": math.nan,
+                 "batch": r - r % 2, "worker_losses": 0}
+        mon.log_event("dmp", {k: v for k, v in _round_msg("M-1", r).items()
+                              if k != "objective"} | extra)
+        page.update()
+    panels = _glyph_columns(page.view)
+    _assert_every_glyph_has_data(page.view)
+    scale = {t: sc for t, (sc, _) in panels.items()}
+    want = "LogScale" if case == "decades" else "LinearScale"
+    better = "higher" if direction == "max" else "lower"
+    assert scale[f"{primary} vs round ({better} is better)"] == want
+    assert scale[f"{primary} vs time ({better} is better)"] == want
+    # a metric that was NaN at first got its panel once it had a value; one never finite
+    # gets none; bookkeeping counters are no curves
+    assert {"other vs round", "zero vs round", "late vs round"} <= set(scale)
+    assert not any(t.split()[0] in ("never", "batch", "worker_losses") for t in scale)
+    assert "8 rounds in 4 batches" in page.status.text
+
+
+def test_axis_choice():
+    from dmp.monitor.page import choose_axis
+
+    assert choose_axis(1e-8, 1.0, 5) == "log"
+    assert choose_axis(0.5, 1.0, 5) == "linear"             # less than a decade
+    assert choose_axis(0.0, 1.0, 5) == "linear"             # zero
+    assert choose_axis(-9.0, -1.0, 5) == "linear"           # negative
+    assert choose_axis(1e-8, 1.0, 5, "max") == "linear"     # maximised
+    assert choose_axis(math.inf, -math.inf, 0) == "linear"  # no data yet
+
+
+def test_fits_table_newest_first_labelled_by_the_differing_parameter():
+    pytest.importorskip("bokeh")
+    from dmp.monitor.page import DMPPage
+
+    mon = DMPMonitor()
+    page = DMPPage(_FakeScheduler(mon))
+    ids = []
+    for k, schedule in enumerate(["priority", "round_robin"] * 4 + ["priority"]):
+        fit = f"Lasso-0000000{k}"
+        ids.append(fit)
+        mon.log_event("dmp", {"kind": "fit_start", "fit": fit, "estimator": "Lasso",
+                              "params": {"alpha": 0.1, "schedule": schedule,
+                                         "checkpoint": f"/tmp/{schedule}-{k}.zarr"}})
+        mon.log_event("dmp", _round_msg(fit, 0))
+        if k < 8:
+            mon.log_event("dmp", {"kind": "fit_end", "fit": fit, "status": "converged"})
+    mon.log_event("dmp", _round_msg("MF-1", 0))            # another estimator: no label
+    mon.log_event("dmp", {"kind": "fit_end", "fit": "MF-1", "status": "max_iter"})
+    page.update()
+    data = page.fits.data
+    assert data["fit"] == ["MF-1"] + ids[::-1]
+    assert data["run"][1:3] == ["schedule=priority", "schedule=round_robin"]
+    assert data["run"][0] == ""
+    # the running fit is shown and highlighted, and every row fits in the table's height
+    assert page.select.value == ids[-1] and list(page.fits.selected.indices) == [1]
+    assert page.table.height >= page.table.row_height * (len(data["fit"]) + 1)
+    assert dict(page.select.options)[ids[-1]].startswith("schedule=priority")
+    # a row clicked in the table shows that fit
+    page.fits.selected.indices = [2]
+    page.update()
+    assert page.select.value == ids[-2] and page.view.fit_id == ids[-2]
+    assert list(page.fits.selected.indices) == [2]
+
+
+def test_prometheus_objective_only_for_minimised_metrics():
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import generate_latest
+
+    from dmp.monitor import prometheus
+
+    mon = DMPMonitor()
+    mon.log_event("dmp", {"kind": "fit_start", "fit": "LDA-1", "estimator": "LDA",
+                          "primary_metric": "ll_per_token", "primary_direction": "max"})
+    mon.log_event("dmp", {"kind": "fit_start", "fit": "BA-1", "estimator": "BA",
+                          "primary_metric": "E_BA", "primary_direction": "min"})
+    for r in range(4):
+        mon.log_event("dmp", _round_msg("LDA-1", r, ll_per_token=-7.5 + r, batch=r - r % 2,
+                                        worker_losses=0))
+        mon.log_event("dmp", _round_msg("BA-1", r, E_BA=2.0 - r / 10, batch=r,
+                                        worker_losses=0))
+    assert prometheus.track(mon)
+    try:
+        series = _dmp_series(generate_latest().decode())
+    finally:
+        prometheus.untrack(mon)
+
+    def get(name, fit, **more):
+        return series.get((name, frozenset({"fit": fit, "estimator": fit.split("-")[0],
+                                            **more}.items())))
+
+    assert get("dmp_objective", "LDA-1") is None            # maximised: never an objective
+    assert get("dmp_primary_metric", "LDA-1", metric="ll_per_token", direction="max") == -4.5
+    assert get("dmp_objective", "BA-1") == pytest.approx(1.7)
+    assert get("dmp_primary_metric", "BA-1", metric="E_BA", direction="min") == \
+        pytest.approx(1.7)
+    assert get("dmp_batches_total", "LDA-1") == 2 and get("dmp_batches_total", "BA-1") == 4
+    for fit in ("LDA-1", "BA-1"):                            # counters, not metric curves
+        assert get("dmp_metric", fit, metric="batch") is None
+        assert get("dmp_metric", fit, metric="worker_losses") is None
+    snap = json.loads(mon.to_json())["fits"]
+    lda = next(f for f in snap if f["fit"] == "LDA-1")
+    assert (lda["primary_metric"], lda["direction"], lda["value"]) == \
+        ("ll_per_token", "max", -4.5)
+    assert "batch" not in lda["metrics"] and lda["n_batches"] == 2
+
+
+def test_follower_summarises_checkpoints():
+    import io
+
+    from dmp.monitor.follow import _Printer
+
+    out = io.StringIO()
+    printer = _Printer(out, interval=1e9)
+    printer.handle((0, {"kind": "fit_start", "fit": "L-1", "estimator": "Lasso",
+                        "n_partitions": 2, "max_iter": 1000}))
+    for r in range(1000):
+        printer.handle((r, _round_msg("L-1", r)))
+        if r % 25 == 24:
+            printer.handle((r, {"kind": "checkpoint", "fit": "L-1", "round": r + 1}))
+    printer.handle((1001, {"kind": "fit_end", "fit": "L-1", "status": "max_iter",
+                           "n_rounds": 1000, "wall_s": 9.0}))
+    lines = out.getvalue().splitlines()
+    assert len(lines) <= 5, lines
+    assert sum("checkpoint" in line for line in lines) == 2
+    assert "40 checkpoint(s), the last at round 1000" in lines[-1]
+
+
+def test_cli_monitor_unresolvable_host_says_so(capsys):
+    from dmp.cli import main
+
+    t0 = time.monotonic()
+    assert main(["monitor", "tcp://no-such-host.invalid:8786", "--timeout", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "'no-such-host.invalid' does not resolve" in err and "Timed out" not in err
+    assert time.monotonic() - t0 < 5
+    # the one place dmp connects to a scheduler (dmp run --scheduler, dmp monitor)
+    from dmp.engine.backends.dask import connect
+
+    with pytest.raises(ConnectionError, match="'no-such-host.invalid' does not resolve"):
+        connect("tls://no-such-host.invalid:8786")
 
 
 def test_plot_history_writes_png(tmp_path):
@@ -304,6 +499,147 @@ def test_fit_registers_monitor_json_and_prometheus_match_history(dask_client):
     assert {f["fit"] for f in json.loads(again)["fits"]} >= {fl["fit"], fm["fit"]}
     status, page = _get(base + "/dmp")
     assert status == 200 and "bokeh" in page.lower()
+
+
+def _five_models(backend):
+    """One tiny fit of each of dmp's five models: ``[(estimator, fit arguments)]``."""
+    import scipy.sparse as sp
+    from sklearn.datasets import load_digits
+
+    from dmp.decomposition import LatentDirichletAllocation, MatrixFactorization
+    from dmp.hashing import BinaryAutoencoder
+    from dmp.linear_model import Lasso, SparsifiedSGDClassifier
+    from test_lda import lda_corpus
+
+    rng = np.random.default_rng(0)
+    X, y = make_problem(n=200, p=400, seed=3)
+    R = sp.random(60, 40, density=0.3, random_state=1, format="coo")
+    R.data = rng.uniform(1, 5, R.nnz)
+    docs, _, _ = lda_corpus(n_docs=60, n_words=80, n_topics=4, doc_len=30, seed=7)
+    Xc = rng.standard_normal((200, 20))
+    kw = dict(n_workers=2, backend=backend, random_state=0)
+    return [
+        (Lasso(alpha=0.05 * alpha_max(X, y), **kw), (X, y)),
+        (MatrixFactorization(n_components=3, max_iter=3, tol=0, **kw), (R,)),
+        (LatentDirichletAllocation(4, max_iter=4, **kw), (docs,)),
+        (BinaryAutoencoder(8, max_iter=2, **kw), (load_digits().data[:300],)),
+        (SparsifiedSGDClassifier(alpha=1e-2, max_iter=30, tol=None, **kw),
+         (Xc, (Xc[:, 0] > 0).astype(int))),
+    ]
+
+
+@pytest.fixture(scope="module")
+def five_fits(dask_client):
+    """``{estimator name: (fitted estimator, fit id)}`` of `_five_models` on the cluster."""
+    import warnings
+
+    from sklearn.exceptions import ConvergenceWarning
+
+    fitted = {}
+    assert ensure_monitor(dask_client)
+    for est, args in _five_models(dask_client):
+        before = {f["fit"] for f in json.loads(_get(_base(dask_client) + JSON_PATH)[1])["fits"]}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)   # tiny budgets on purpose
+            est.fit(*args)
+        fits = json.loads(_get(_base(dask_client) + JSON_PATH)[1])["fits"]
+        new = [f["fit"] for f in fits if f["fit"] not in before]
+        assert len(new) == 1, new
+        fitted[type(est).__name__] = (est, new[0])
+    return fitted
+
+
+def _rounds_of(est):
+    return getattr(est, "round_history_", est.history_)
+
+
+@pytest.mark.dask
+def test_every_model_reports_its_declared_primary_metric(five_fits, dask_client):
+    """One definition of the primary metric per fit: the JSON route and Prometheus carry the
+    name, direction and value the program declares and ``history_`` holds; dmp_objective only
+    for minimised metrics; batch and worker_losses are counters, not metrics."""
+    from dmp.decomposition._lda_program import LDAProgram
+    from dmp.decomposition._mf_program import _MFBase
+    from dmp.engine.events import primary_of
+    from dmp.hashing._parmac import ParMACProgram
+    from dmp.linear_model._lasso_program import LassoProgram
+    from dmp.linear_model._sparsified_program import SparsifiedProgram
+
+    programs = {"Lasso": LassoProgram, "MatrixFactorization": _MFBase,
+                "LatentDirichletAllocation": LDAProgram, "BinaryAutoencoder": ParMACProgram,
+                "SparsifiedSGDClassifier": SparsifiedProgram}
+    assert primary_of(LDAProgram) == ("ll_per_token", "max")
+    base = _base(dask_client)
+    fits = {f["fit"]: f for f in json.loads(_get(base + JSON_PATH)[1])["fits"]}
+    series = _dmp_series(_get(base + "/metrics")[1])
+    for name, (est, fit_id) in five_fits.items():
+        metric, direction = primary_of(programs[name])
+        got = fits[fit_id]
+        value = float(_rounds_of(est)[metric][-1])
+        assert (got["primary_metric"], got["direction"], got["value"]) == \
+            (metric, direction, value), name
+        lab = {"fit": fit_id, "estimator": name}
+        assert series[("dmp_primary_metric", frozenset(
+            {**lab, "metric": metric, "direction": direction}.items()))] == value
+        objective = series.get(("dmp_objective", frozenset(lab.items())))
+        assert objective == (value if direction == "min" else None), name
+        assert "batch" not in got["metrics"] and "worker_losses" not in got["metrics"]
+        assert got["n_batches"] == len(set(_rounds_of(est)["batch"].tolist()))
+        assert series[("dmp_batches_total", frozenset(lab.items()))] == got["n_batches"]
+        assert not any(k[0] == "dmp_metric" and ("metric", "batch") in k[1] for k in series)
+
+
+@pytest.mark.dask
+def test_plot_history_works_for_every_model(five_fits, tmp_path):
+    """The README's ``plot_history(est.history_, path=...)``, no other argument, for each."""
+    for name, (est, _) in five_fits.items():
+        path = plot_history(est.history_, path=str(tmp_path / f"{name}.png"))
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n", name
+    # the binary autoencoder's rounds (its history_ holds MAC iterations), also from the
+    # estimator itself
+    ba = five_fits["BinaryAutoencoder"][0]
+    for i, what in enumerate((ba.round_history_, ba)):
+        path = plot_history(what, path=str(tmp_path / f"ba-rounds-{i}.png"))
+        with open(path, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.dask
+@pytest.mark.slow
+def test_lda_pipeline_names_its_primary_metric_everywhere(dask_client, tmp_path, capsys):
+    """The issue's repro: ``dmp run pipelines/lda_small.yaml --scheduler ...``: the console,
+    metrics.json, the JSON route and Prometheus give the same name and value (the
+    log-likelihood per token, maximised), and nothing calls it or its negative "objective"."""
+    from pathlib import Path
+
+    from dmp.cli import main
+
+    repo = Path(__file__).resolve().parents[1]
+    base = _base(dask_client)
+    assert ensure_monitor(dask_client)
+    before = {f["fit"] for f in json.loads(_get(base + JSON_PATH)[1])["fits"]}
+    out = tmp_path / "lda"
+    assert main(["run", str(repo / "pipelines" / "lda_small.yaml"), "--output", str(out),
+                 "--no-progress", "--scheduler", dask_client.scheduler.address]) == 0
+    printed = capsys.readouterr().out
+    metrics = json.loads((out / "metrics.json").read_text())
+    run = metrics["runs"]["LatentDirichletAllocation"]
+    assert (run["primary_metric"], run["direction"]) == ("ll_per_token", "max")
+    assert "objective" not in run and "best_objective" not in metrics
+    assert run["value"] == pytest.approx(run["ll_per_token"], rel=1e-12) and run["value"] < 0
+    assert metrics["best_value"] == run["value"]
+    assert f"ll_per_token {run['value']:.10g} (higher is better)" in printed
+    assert "objective" not in printed
+    fit = next(f for f in json.loads(_get(base + JSON_PATH)[1])["fits"]
+               if f["fit"] not in before)
+    assert (fit["primary_metric"], fit["direction"], fit["value"]) == \
+        ("ll_per_token", "max", run["value"])
+    series = _dmp_series(_get(base + "/metrics")[1])
+    lab = {"fit": fit["fit"], "estimator": "LatentDirichletAllocation"}
+    assert ("dmp_objective", frozenset(lab.items())) not in series
+    assert series[("dmp_primary_metric", frozenset(
+        {**lab, "metric": "ll_per_token", "direction": "max"}.items()))] == run["value"]
 
 
 @pytest.mark.dask
@@ -464,6 +800,141 @@ def _chromium():
     return None
 
 
+_LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                "--disable-background-networking", "--disable-component-update",
+                "--disable-sync"]
+
+# In the page: every glyph of the shown fit's figures, with the values of its data fields.
+_GLYPHS_JS = """() => {
+  const doc = Bokeh.documents[0];
+  const out = [];
+  const walk = (m) => {
+    if (m.renderers !== undefined && m.title !== undefined) {
+      for (const r of m.renderers) {
+        if (r.glyph === undefined) continue;
+        const fields = [];
+        for (const attr of ["y", "y1", "y2"]) {
+          const spec = r.glyph[attr];
+          if (spec !== undefined && spec !== null && typeof spec.field === "string") {
+            const col = r.data_source.data.get !== undefined
+                ? r.data_source.data.get(spec.field) : r.data_source.data[spec.field];
+            const vals = col === undefined ? [] : Array.from(col);
+            fields.push({field: spec.field, n: vals.length,
+                         finite: vals.filter(v => typeof v === "number" && isFinite(v)).length});
+          }
+        }
+        out.push({figure: m.title ? m.title.text : "?", glyph: r.glyph.type, fields,
+                  y_scale: m.y_scale ? m.y_scale.type : "?"});
+      }
+    }
+    for (const c of (m.children || [])) walk(Array.isArray(c) ? c[0] : c);
+  };
+  for (const root of doc.roots()) walk(root);
+  return out;
+}"""
+
+# (the models are found by their type, not only by name: the test must run on older pages)
+_STATUS_JS = """() => {
+  const doc = Bokeh.documents[0];
+  const div = doc.get_model_by_name("dmp-status") || [...doc.all_models].find(
+      m => typeof m.text === "string" && m.text.includes("<code>"));
+  return div ? div.text : "";
+}"""
+
+_SELECT_JS = """(fit) => {
+  const doc = Bokeh.documents[0];
+  const sel = doc.get_model_by_name("dmp-fit-select") || [...doc.all_models].find(
+      m => Array.isArray(m.options) && typeof m.value === "string");
+  sel.value = fit;
+}"""
+
+
+def _bokeh_problems(messages):
+    """Console messages of the page that report a problem (Bokeh's own warnings included,
+    e.g. "could not determine minimum data value for log axis")."""
+    return [f"{kind}: {text}" for kind, text in messages
+            if kind in ("error", "warning") or "could not" in text.lower()]
+
+
+def _undrawn(glyphs):
+    """The glyphs with nothing to draw: no finite value in one of their data fields."""
+    return [f"{g['figure']!r}: {f['field']} ({f['n']} values, none finite)"
+            for g in glyphs for f in g["fields"] if f["finite"] == 0]
+
+
+def _launch(sync_api, pw):
+    chromium = _chromium()
+    if chromium is None:
+        if os.environ.get("DMP_REQUIRE_BROWSER"):
+            pytest.fail("DMP_REQUIRE_BROWSER is set but /usr/bin/chromium is missing")
+        pytest.skip("no Chromium: install Debian's chromium package (.ci/install-browser)")
+    return pw.chromium.launch(executable_path=chromium, args=_LAUNCH_ARGS)
+
+
+def _artifacts():
+    path = os.environ.get("DMP_TEST_ARTIFACTS",
+                          os.path.join(os.path.dirname(__file__), "..", "test-artifacts"))
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+@pytest.mark.dask
+@pytest.mark.browser
+def test_dashboard_draws_every_panel_of_every_model(five_fits, dask_client):
+    """Each model's fit selected in turn on the /dmp page: every glyph of every figure has
+    data to draw, and the browser console reports no problem (an empty LDA page passed the
+    older test: its values were negative on log axes)."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if _chromium() is None and not os.environ.get("DMP_REQUIRE_BROWSER"):
+        pytest.skip("no Chromium: install Debian's chromium package (.ci/install-browser)")
+    artifacts = _artifacts()
+    with sync_api.sync_playwright() as pw:
+        browser = _launch(sync_api, pw)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 1700})
+            messages = []
+            page.on("console", lambda m: messages.append((m.type, m.text)))
+            page.on("pageerror", lambda exc: messages.append(("error", str(exc))))
+            page.goto(_base(dask_client) + "/dmp")
+            page.locator("canvas").first.wait_for(timeout=60_000)
+            fits = {f["fit"]: f for f in json.loads(_get(_base(dask_client) + JSON_PATH)[1])
+                    ["fits"]}
+            problems = {}
+            for name, (est, fit_id) in five_fits.items():
+                page.evaluate(_SELECT_JS, fit_id)
+                deadline = time.monotonic() + 30
+                while True:
+                    page.wait_for_timeout(700)   # an update (every 500 ms) and its render
+                    status = page.evaluate(_STATUS_JS)
+                    glyphs = page.evaluate(_GLYPHS_JS)
+                    if ((fit_id in status and glyphs and not _undrawn(glyphs))
+                            or time.monotonic() > deadline):
+                        break
+                page.screenshot(path=os.path.join(artifacts, f"dmp-{name}.png"),
+                                full_page=True)
+                # (every model is looked at before the test fails: the report names them all)
+                bad = [] if fit_id in status else [f"not shown: {status[:200]}"]
+                bad += _undrawn(glyphs)
+                n_rounds = fits[fit_id]["n_rounds"]   # each round drawn once
+                bad += [f"{g['figure']!r}: {f['field']} has {f['n']} values for {n_rounds} "
+                        f"rounds" for g in glyphs for f in g["fields"] if f["n"] != n_rounds]
+                figures = {g["figure"] for g in glyphs}
+                primary = fits[fit_id].get("primary_metric", "objective")
+                want = {f"{primary} vs {x}" for x in ("time", "round")}
+                bad += [f"no panel {t!r}" for t in want - {t.split(" (")[0] for t in figures}]
+                bad += [f"no panel {t!r}" for t in ("push time per worker (s)",
+                                                     "bytes moved, cumulative")
+                        if t not in figures]
+                if bad:
+                    problems[name] = bad
+            problems["console"] = _bokeh_problems(messages)
+            if any(problems.values()):
+                pytest.fail("the /dmp page does not draw everything:\n" + "\n".join(
+                    f"  {name}: {p}" for name, ps in problems.items() for p in ps))
+        finally:
+            browser.close()
+
+
 @pytest.mark.dask
 @pytest.mark.browser
 def test_dashboard_page_in_headless_chromium(dask_client):
@@ -488,6 +959,7 @@ def test_dashboard_page_in_headless_chromium(dask_client):
         except Exception as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
+    assert ensure_monitor(dask_client)   # /dmp exists before the page is opened
     worker = threading.Thread(target=fit)
     worker.start()
     artifacts = os.environ.get("DMP_TEST_ARTIFACTS",
@@ -501,6 +973,8 @@ def test_dashboard_page_in_headless_chromium(dask_client):
                 "--disable-sync"])
             try:
                 page = browser.new_page(viewport={"width": 1200, "height": 1700})
+                messages = []
+                page.on("console", lambda m: messages.append((m.type, m.text)))
                 page.goto(_base(dask_client) + "/dmp")
                 status = page.get_by_text(re.compile(r"round \d+ / 400"))
                 status.first.wait_for(timeout=60_000)
@@ -517,6 +991,9 @@ def test_dashboard_page_in_headless_chromium(dask_client):
                 assert later > first, "the page did not update while the fit ran"
                 assert "objective" in text and "Lasso" in text
                 assert page.locator("canvas").count() >= 6
+                # the rounds streamed while the fit runs draw in every panel
+                assert not _undrawn(page.evaluate(_GLYPHS_JS))
+                assert not _bokeh_problems(messages), _bokeh_problems(messages)
             finally:
                 browser.close()
     finally:

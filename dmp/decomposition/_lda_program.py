@@ -161,7 +161,9 @@ class LDAProgram(Program):
     """
 
     name = "lda"
+    # the log-likelihood per token: higher is better (`dmp.engine.events.primary_of`)
     primary_metric = "ll_per_token"
+    primary_direction = "max"
     uses_ring = True
 
     def __init__(self, dataset, *, n_topics, alpha, beta, n_sweeps, sampler, seed):
@@ -516,7 +518,8 @@ class LDAProgram(Program):
                 "n_k_min": int(dr["n_k"].min()) if dr["n_k"] is not None else 0}
 
     def progress_postfix(self):
-        return {"sweep": self.driver["sweep"], "ll/token": f"{self.metrics()['ll_per_token']:.4f}"}
+        return {"sweep": self.driver["sweep"],
+                "ll_per_token": f"{self.metrics()['ll_per_token']:.4f}"}
 
     def driver_state(self):
         dr = self.driver

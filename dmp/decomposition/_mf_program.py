@@ -64,6 +64,8 @@ class _MFBase(Program):
     """What both methods share: partitions, the init round, metrics, stopping, state."""
 
     name = "mf"
+    primary_metric = "objective"
+    primary_direction = "min"
     method = ""
     gather_partitions = False
     #: per-partition arrays saved in checkpoints
@@ -148,7 +150,7 @@ class _MFBase(Program):
 
     def progress_postfix(self) -> dict:
         m = self.driver["metrics"]
-        out = {"it": m.get("iteration"), "obj": f"{m.get('objective', np.nan):.5g}"}
+        out = {"it": m.get("iteration"), "objective": f"{m.get('objective', np.nan):.5g}"}
         if np.isfinite(m.get("valid_rmse", np.nan)):
             out["valid_rmse"] = f"{m['valid_rmse']:.4f}"
         return out

@@ -2,7 +2,7 @@
 
 Every fit gets an id and sends, in order, under the event topic ``"dmp"``:
 
-``fit_start``   estimator, parameters, program, workers, primary metric
+``fit_start``   estimator, parameters, program, workers, primary metric and its direction
 ``round``       one per round: the same record the fit keeps in ``history_``
 ``checkpoint``  ``worker_lost``  ``recovered``
 ``fit_end``     status (``converged``, ``max_iter``, ``stopped``, ``error``), rounds, wall time
@@ -34,6 +34,26 @@ def monitor_enabled() -> bool:
     if isinstance(val, str):
         return val.strip().lower() not in ("0", "false", "no", "off")
     return bool(val)
+
+
+DIRECTIONS = ("min", "max")
+
+
+def primary_of(program) -> tuple[str, str]:
+    """``(name, direction)`` of the metric a program declares as its primary one.
+
+    Every program declares ``primary_metric`` (a key of its `metrics`, default
+    ``"objective"``) and ``primary_direction``: ``"min"`` when a lower value is better (an
+    objective, the quantity ``dmp_objective`` carries), ``"max"`` when a higher one is (e.g.
+    LDA's log-likelihood per token).  The console, ``metrics.json``, the JSON route, the
+    dashboard page and Prometheus all report the primary metric under this name.
+    """
+    name = str(getattr(program, "primary_metric", None) or "objective")
+    direction = str(getattr(program, "primary_direction", None) or "min")
+    if direction not in DIRECTIONS:
+        raise ValueError(f"{type(program).__name__}.primary_direction must be 'min' or "
+                         f"'max', got {direction!r}")
+    return name, direction
 
 
 def plain(value, _depth: int = 0):
@@ -80,7 +100,7 @@ class FitEvents:
     backend : backend object
         Needs ``log_event(msg, wait=False)``; a Dask backend also ``register_monitor()``.
     program : Program
-        Its ``name`` and optional ``primary_metric`` (default ``"objective"``) are reported.
+        Its ``name`` and its primary metric (`primary_of`) are reported.
     desc : str
         Estimator name (the fit id is ``"<desc>-<8 hex digits>"``).
     params : dict, optional
@@ -115,9 +135,10 @@ class FitEvents:
         if register is not None:
             register()
         n = self.backend.n_partitions
+        primary, direction = primary_of(self.program)
         self._send("fit_start", estimator=self.desc, params=self.params,
                    program=getattr(self.program, "name", type(self.program).__name__),
-                   primary_metric=getattr(self.program, "primary_metric", "objective"),
+                   primary_metric=primary, primary_direction=direction,
                    n_partitions=n,
                    workers=self._workers() or [f"partition-{k}" for k in range(n)],
                    max_iter=self.max_iter, started=time.time())

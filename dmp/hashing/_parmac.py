@@ -108,6 +108,7 @@ class ParMACProgram(Program):
 
     name = "parmac"
     primary_metric = "E_BA"
+    primary_direction = "min"
     uses_ring = True
     gather_partitions = False
 

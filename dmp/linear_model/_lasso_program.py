@@ -152,6 +152,8 @@ class LassoProgram(Program):
     """
 
     name = "lasso"
+    primary_metric = "objective"
+    primary_direction = "min"
 
     def __init__(self, dataset, *, alpha, fit_intercept, schedule, schedule_size, eta, rho,
                  oversample, tol, check_every, refresh_every, seed, inner_sweeps=1,

@@ -93,6 +93,8 @@ class SparsifiedProgram(Program):
     """
 
     name = "sparsified"
+    primary_metric = "objective"
+    primary_direction = "min"
     gather_partitions = False  # the model lives on the driver
 
     def __init__(self, dataset, *, loss, labels, method, alpha, l1_ratio, fit_intercept,

@@ -9,14 +9,17 @@ import time
 from ..engine.events import TOPIC
 from .state import MonitorState, format_value
 
-_QUIET = {"iteration", "phase", "updates", "step", "n_candidates", "n_kept", "kind"}
+_QUIET = {"iteration", "phase", "updates", "step", "n_candidates", "n_kept", "kind", "sweep"}
 
 
 def _metrics_text(state_fit) -> str:
     m = state_fit.last_metrics()
     primary = state_fit.primary_metric
     keys = [primary] + [k for k in m if k != primary and k not in _QUIET]
-    return "  ".join(f"{k} {format_value(m.get(k))}" for k in keys if k in m)
+    text = "  ".join(f"{k} {format_value(m.get(k))}" for k in keys if k in m)
+    if state_fit.primary_direction == "max" and primary in m:
+        text = text.replace(f"{primary} ", f"{primary} (max) ", 1)
+    return text
 
 
 class _Printer:
@@ -52,24 +55,32 @@ class _Printer:
             if now - self.last_print.get(fit_id, -1e9) >= self.interval:
                 self.last_print[fit_id] = now
                 total = fit.info.get("max_iter")
+                ck = (f"  checkpoints {fit.n_checkpoints} (last at round "
+                      f"{fit.last_checkpoint_round})" if fit.n_checkpoints else "")
                 self.line(fit_id, f"round {fit.last_round}"
                           f"{'' if total is None else f'/{total}'}  {_metrics_text(fit)}  "
-                          f"t={format_value(msg.get('time'))} s")
+                          f"t={format_value(msg.get('time'))} s{ck}")
         elif kind == "fit_start":
             params = ", ".join(f"{k}={v}" for k, v in (msg.get("params") or {}).items()
                                if v is not None and k not in ("callback", "show_progress"))
             self.line(fit_id, f"started: {msg.get('estimator')}({params}) on "
                               f"{msg.get('n_partitions')} partition(s)")
         elif kind == "checkpoint":
-            self.line(fit_id, f"checkpoint at round {msg.get('round')}")
+            # one line for the first; the others are counted on the progress lines and
+            # summarised at the end (a long fit writes one every checkpoint_every rounds)
+            if fit.n_checkpoints == 1:
+                self.line(fit_id, f"first checkpoint at round {msg.get('round')} (later ones "
+                                  f"are counted on the progress lines)")
         elif kind == "worker_lost":
             self.line(fit_id, f"WORKER LOST at round {msg.get('round')}: {msg.get('error')}")
         elif kind == "recovered":
             self.line(fit_id, f"recovered; continuing from round {msg.get('resumed_round')}")
         elif kind == "fit_end":
+            ck = (f"; {fit.n_checkpoints} checkpoint(s), the last at round "
+                  f"{fit.last_checkpoint_round}" if fit.n_checkpoints else "")
             self.line(fit_id, f"finished ({msg.get('status')}) after {msg.get('n_rounds')} "
                               f"rounds in {format_value(msg.get('wall_s'))} s; "
-                              f"{_metrics_text(fit)}")
+                              f"{_metrics_text(fit)}{ck}")
 
     def running(self) -> list[str]:
         return [f.fit_id for f in self.state.fits.values() if f.status == "running"]

@@ -62,8 +62,12 @@ class DMPCollector:
         fit_l = ["fit", "estimator"]
         info = GaugeMetricFamily("dmp_fit_running", "1 while the fit runs, 0 once it ended",
                                  labels=fit_l + ["status"])
-        objective = GaugeMetricFamily("dmp_objective", "Objective after the latest round",
-                                      labels=fit_l)
+        objective = GaugeMetricFamily(
+            "dmp_objective", "The minimised primary metric after the latest round (only for "
+            "fits whose primary metric is minimised; see dmp_primary_metric)", labels=fit_l)
+        primary = GaugeMetricFamily(
+            "dmp_primary_metric", "The fit's primary metric after the latest round; direction "
+            "min: lower is better, max: higher is better", labels=fit_l + ["metric", "direction"])
         metric = GaugeMetricFamily("dmp_metric", "Every scalar metric of the latest round",
                                    labels=fit_l + ["metric"])
         rounds = CounterMetricFamily("dmp_rounds", "Rounds completed", labels=fit_l)
@@ -80,6 +84,8 @@ class DMPCollector:
         recov = CounterMetricFamily("dmp_recoveries", "Recoveries from worker loss",
                                     labels=fit_l)
         ckpt = CounterMetricFamily("dmp_checkpoints", "Checkpoints written", labels=fit_l)
+        batches = CounterMetricFamily("dmp_batches", "Calls to the workers (a batch runs one "
+                                      "or more rounds)", labels=fit_l)
         for mon in list(_monitors):
             state = mon.state
             if state is None:
@@ -88,8 +94,11 @@ class DMPCollector:
                 lab = [fit.fit_id, fit.estimator]
                 info.add_metric(lab + [fit.status], 1.0 if fit.status == "running" else 0.0)
                 last = fit.last_metrics()
-                objective.add_metric(lab, _num(last.get("objective",
-                                                        last.get(fit.primary_metric))))
+                name, direction = fit.primary_metric, fit.primary_direction
+                value = _num(last.get(name))
+                primary.add_metric(lab + [name, direction], value)
+                if direction == "min":   # never a quantity that is maximised
+                    objective.add_metric(lab, value)
                 for name, v in sorted(last.items()):
                     metric.add_metric(lab + [name], _num(v))
                 rounds.add_metric(lab, float(fit.n_rounds))
@@ -104,5 +113,6 @@ class DMPCollector:
                 losses.add_metric(lab, float(fit.n_worker_losses))
                 recov.add_metric(lab, float(fit.n_recoveries))
                 ckpt.add_metric(lab, float(fit.n_checkpoints))
-        yield from (info, objective, metric, rounds, elapsed, push, idle, nbytes, losses,
-                    recov, ckpt)
+                batches.add_metric(lab, float(fit.n_batches))
+        yield from (info, objective, primary, metric, rounds, elapsed, push, idle, nbytes,
+                    losses, recov, ckpt, batches)

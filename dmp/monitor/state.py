@@ -10,8 +10,14 @@ import math
 import time
 from collections import OrderedDict, deque
 
-# per-round keys that are bookkeeping, not metrics to plot or export
-_NOT_METRICS = {"round", "time", "round_s", "push_s", "idle_s", "ring_s", "kind", "fit"}
+# per-round keys that are bookkeeping, not metrics to plot or export: timings, and counters
+# the state keeps as totals (``batch``: the first round of the call a round ran in, counted as
+# batches; ``worker_losses``: counted from the worker_lost events)
+_NOT_METRICS = {"round", "time", "round_s", "push_s", "idle_s", "ring_s", "kind", "fit",
+                "batch", "worker_losses"}
+# parameters that tell runs apart without being the model's (checkpoint paths differ per run)
+_NOT_COMPARED = {"callback", "backend", "show_progress", "checkpoint", "checkpoint_every",
+                 "resume"}
 
 
 def _is_number(v) -> bool:
@@ -24,7 +30,8 @@ class FitState:
     def __init__(self, fit_id: str, max_rounds: int):
         self.fit_id = fit_id
         self.info: dict = {"estimator": fit_id.rsplit("-", 1)[0], "params": {},
-                           "workers": [], "primary_metric": "objective"}
+                           "workers": [], "primary_metric": "objective",
+                           "primary_direction": "min"}
         self.status = "running"
         self.rounds: deque = deque(maxlen=max_rounds)
         self.n_rounds = 0            # rounds seen, including those dropped from ``rounds``
@@ -37,6 +44,7 @@ class FitState:
         self.last_checkpoint_round = None
         self.n_worker_losses = 0
         self.n_recoveries = 0
+        self.n_batches = 0           # calls to the workers (a batch runs several rounds)
         self.updated = time.time()
         self.end: dict = {}
 
@@ -46,6 +54,8 @@ class FitState:
         self.rounds.append(rec)
         self.n_rounds += 1
         self.last_round = max(self.last_round, int(rec.get("round", -1)))
+        if rec.get("batch", rec.get("round")) == rec.get("round"):
+            self.n_batches += 1
         for name, total in (("push_s", self.push_total), ("idle_s", self.idle_total)):
             vals = rec.get(name) or []
             if len(total) < len(vals):
@@ -86,6 +96,12 @@ class FitState:
     def primary_metric(self) -> str:
         return str(self.info.get("primary_metric") or "objective")
 
+    @property
+    def primary_direction(self) -> str:
+        """``"min"`` or ``"max"``: whether a lower or a higher primary metric is better."""
+        d = str(self.info.get("primary_direction") or "min")
+        return d if d in ("min", "max") else "min"
+
     def last_metrics(self) -> dict:
         """Numeric metrics of the latest round (scalars only)."""
         if not self.rounds:
@@ -105,13 +121,15 @@ class FitState:
         return {
             "fit": self.fit_id, "estimator": self.estimator, "status": self.status,
             "params": self.info.get("params", {}), "program": self.info.get("program"),
-            "primary_metric": primary, "value": metrics.get(primary),
+            "primary_metric": primary, "direction": self.primary_direction,
+            "value": metrics.get(primary),
             "round": self.last_round, "n_rounds": self.n_rounds,
             "max_iter": self.info.get("max_iter"),
             "elapsed_s": self.rounds[-1].get("time") if self.rounds else 0.0,
             "n_checkpoints": self.n_checkpoints,
             "last_checkpoint_round": self.last_checkpoint_round,
             "n_worker_losses": self.n_worker_losses, "n_recoveries": self.n_recoveries,
+            "n_batches": self.n_batches,
         }
 
     def rounds_since(self, seq: int) -> list[dict]:
@@ -186,6 +204,28 @@ class MonitorState:
 
     def summaries(self) -> list[dict]:
         return [f.summary() for f in self.fits.values()]
+
+
+def _param_text(v) -> str:
+    return format_value(v) if isinstance(v, float) else str(v)
+
+
+def run_labels(fits) -> dict[str, str]:
+    """``{fit id: label}``: fits of the same estimator that differ in a few parameters (the
+    runs a pipeline compares) are labelled by them, e.g. ``"schedule=priority"``; a fit with
+    nothing to tell it apart gets ``""``."""
+    groups: dict[str, list] = {}
+    for f in fits:
+        groups.setdefault(f.estimator, []).append(f)
+    out = {}
+    for group in groups.values():
+        params = [{k: v for k, v in (f.info.get("params") or {}).items()
+                   if k not in _NOT_COMPARED} for f in group]
+        keys = sorted({k for p in params for k in p})
+        differ = [k for k in keys if len({repr(p.get(k)) for p in params}) > 1]
+        for f, p in zip(group, params):
+            out[f.fit_id] = ", ".join(f"{k}={_param_text(p.get(k))}" for k in differ[:3])
+    return out
 
 
 def format_value(v) -> str:

@@ -109,7 +109,7 @@ def connect(address: str, *, timeout: str = "5s", set_as_default: bool = True,
         credentials (checked before a client exists: a client that fails half-way blocks
         for seconds in its finaliser).
     ConnectionError
-        Nothing answers there within ``timeout``.
+        The host name does not resolve, or nothing answers there within ``timeout``.
     """
     from distributed import Client
     from distributed.comm import parse_address
@@ -117,11 +117,14 @@ def connect(address: str, *, timeout: str = "5s", set_as_default: bool = True,
 
     try:
         protocol, location = parse_address(str(address))
+        host = None
         if protocol in ("tcp", "tls", "ws", "wss"):
-            parse_host_port(location)
+            host, port = parse_host_port(location)
     except ValueError as exc:
         raise ValueError(f"not a Dask scheduler address: {address!r} ({exc}); expected "
                          f"e.g. tcp://host:8786") from None
+    if host:
+        _check_resolves(host, port, address)
     if protocol in ("tls", "wss"):
         security = _client_security(address, security)
     try:
@@ -134,6 +137,20 @@ def connect(address: str, *, timeout: str = "5s", set_as_default: bool = True,
                 else "")
         raise ConnectionError(f"cannot reach the Dask scheduler at {address!r}: {exc}{hint}") \
             from exc
+
+
+def _check_resolves(host: str, port, address: str) -> None:
+    """Raise a ConnectionError that says so when ``host`` is a name that does not resolve
+    (Dask's client reports it only as a timeout, seconds later)."""
+    import socket
+
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConnectionError(f"cannot reach the Dask scheduler at {address!r}: the host "
+                              f"name {host!r} does not resolve ({exc.strerror})") from None
+    except (OSError, UnicodeError):   # anything else: let the client try and report it
+        pass
 
 
 def quiet_local_cluster(n_workers: int, **kwargs):
