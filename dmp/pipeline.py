@@ -14,6 +14,8 @@ A pipeline is a YAML file::
     storage_options: {anon: false}  # optional: fsspec options for a dataset URL
     output: runs/lasso
 
+Every key, its default and where relative paths are resolved: `dmp.pipeline_schema.PIPELINE`
+(the one declaration files are validated against) and the README's "Pipeline reference".
 A dataset or checkpoint location may be an fsspec URL (``s3://...``); workers read their shards
 and write their checkpoint partitions there themselves, with the credentials of their
 environment (``AWS_*`` variables, as a Kubernetes Secret provides them).
@@ -40,18 +42,9 @@ import yaml
 from .engine.backends.dask import cluster_workers
 from .io.sparse import DatasetError, require_store_kind
 
-_KEYS = {"name", "description", "dataset", "estimator", "compare", "cluster",
-         "checkpoint_every", "output", "reference", "checkpoints", "storage_options",
-         "evaluation"}
-_ESTIMATORS = {"Lasso": "dmp.linear_model:Lasso",
-               "SparsifiedSGDClassifier": "dmp.linear_model:SparsifiedSGDClassifier",
-               "SparsifiedSGDRegressor": "dmp.linear_model:SparsifiedSGDRegressor",
-               "MatrixFactorization": "dmp.decomposition:MatrixFactorization",
-    "LatentDirichletAllocation": "dmp.decomposition:LatentDirichletAllocation",
-    "BinaryAutoencoder": "dmp.hashing:BinaryAutoencoder"}
-_EVALUATION_KEYS = {"k", "baselines"}
-_SPARSIFIED = ("SparsifiedSGDClassifier", "SparsifiedSGDRegressor")
-_CLUSTER_KEYS = {"n_workers", "threads_per_worker", "memory_limit"}
+from .pipeline_schema import ESTIMATORS as _ESTIMATORS
+from .pipeline_schema import SPARSIFIED as _SPARSIFIED
+from .pipeline_schema import apply_defaults, check_applies, validate as validate_schema
 
 
 class PipelineError(ValueError):
@@ -101,77 +94,18 @@ def load_pipeline(path) -> dict:
 
     if not isinstance(spec, dict):
         fail("a pipeline must be a mapping of keys")
-    for key in spec:
-        if key not in _KEYS:
-            fail(f"unknown key {key!r}; allowed: {sorted(_KEYS)}", key)
-    if not isinstance(spec.get("storage_options", {}), dict):
-        fail("'storage_options' must be a mapping of fsspec options", "storage_options")
-    if "checkpoints" in spec and not isinstance(spec["checkpoints"], str):
-        fail("'checkpoints' must be a path or URL", "checkpoints")
-    for key in ("name", "dataset", "estimator"):
-        if key not in spec:
-            fail(f"missing required key {key!r}")
-    if not isinstance(spec["name"], str) or not spec["name"].strip():
-        fail("'name' must be a non-empty string", "name")
+    validate_schema(spec, fail)
     est = spec["estimator"]
-    if not isinstance(est, dict) or "class" not in est:
-        fail(f"'estimator' needs a 'class' (one of {sorted(_ESTIMATORS)})", "estimator")
-    if est["class"] not in _ESTIMATORS:
-        fail(f"unknown estimator class {est['class']!r}; known: {sorted(_ESTIMATORS)}",
-             "estimator", "class")
-    for key in est:
-        if key not in ("class", "params"):
-            fail(f"unknown key {key!r} under 'estimator' (allowed: class, params)",
-                 "estimator", key)
-    cluster = spec.get("cluster") or {}
-    if not isinstance(cluster, dict):
-        fail(f"'cluster' must be a mapping with keys {sorted(_CLUSTER_KEYS)}", "cluster")
-    for key in cluster:
-        if key not in _CLUSTER_KEYS:
-            fail(f"unknown key {key!r} under 'cluster'; allowed: {sorted(_CLUSTER_KEYS)}",
-                 "cluster", key)
-    for key in ("n_workers", "threads_per_worker"):
-        v = cluster.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            fail(f"'cluster.{key}' must be a positive integer, got {v!r}", "cluster", key)
-    every = spec.get("checkpoint_every")
-    if every is not None and (isinstance(every, bool) or not isinstance(every, int)
-                              or every < 1):
-        fail(f"'checkpoint_every' must be a positive integer, got {every!r}",
-             "checkpoint_every")
+    check_applies(spec, fail, est["class"])
+    apply_defaults(spec)
     compare = spec.get("compare") or {}
-    if (not isinstance(compare, dict) or len(compare) > 1
-            or any(not isinstance(v, list) or not v for v in compare.values())):
-        fail("'compare' must map one parameter to a non-empty list of values", "compare")
     params = est.get("params") or {}
-    if not isinstance(params, dict):
-        fail("'estimator.params' must be a mapping of parameter: value", "estimator", "params")
     if "alpha_ratio" in params and est["class"] != "Lasso":
         fail("'alpha_ratio' is only defined for Lasso", "estimator", "params", "alpha_ratio")
     if "alpha_ratio" in params and "alpha" in params:
         fail("give either 'alpha' or 'alpha_ratio', not both",
              "estimator", "params", "alpha_ratio")
     _check_params(est["class"], params, compare, fail)
-    ev = spec.get("evaluation")
-    if ev is not None:
-        if est["class"] != "BinaryAutoencoder" or not isinstance(ev, dict):
-            fail("'evaluation' is a mapping {k, baselines}, for BinaryAutoencoder",
-                 "evaluation")
-        for key in ev:
-            if key not in _EVALUATION_KEYS:
-                fail(f"unknown key {key!r} under 'evaluation'; allowed: "
-                     f"{sorted(_EVALUATION_KEYS)}", "evaluation", key)
-        k = ev.get("k", 50)
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            fail(f"'evaluation.k' must be a positive integer, got {k!r}", "evaluation", "k")
-        bl = ev.get("baselines", ["itq", "pca"])
-        if not isinstance(bl, list) or any(b not in ("itq", "pca") for b in bl):
-            fail(f"'evaluation.baselines' must be a list of itq, pca; got {bl!r}",
-                 "evaluation", "baselines")
-    ref = spec.get("reference")
-    if ref is not None and (ref != "lbfgs" or est["class"] not in _SPARSIFIED):
-        fail(f"'reference' may only be 'lbfgs', for {' / '.join(_SPARSIFIED)}; got {ref!r}",
-             "reference")
     spec["_path"] = str(path.resolve())
     spec.setdefault("output", f"runs/{spec['name']}")
     return spec
