@@ -34,6 +34,7 @@ import re
 import shutil
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -107,6 +108,7 @@ def load_pipeline(path) -> dict:
              "estimator", "params", "alpha_ratio")
     _check_params(est["class"], params, compare, fail)
     spec["_path"] = str(path.resolve())
+    spec["_lines"] = lines
     spec.setdefault("output", f"runs/{spec['name']}")
     return spec
 
@@ -188,7 +190,8 @@ def _start_cluster(spec, scheduler, workers):
     # the embedded cluster's workers use every core: keep Dask's housekeeping quiet
     cluster = quiet_local_cluster(int(n), threads_per_worker=int(c.get("threads_per_worker", 1)),
                                   memory_limit=c.get("memory_limit", "auto"),
-                                  dashboard_address=":0", silence_logs=logging.WARNING)
+                                  dashboard_address=":0", silence_logs=logging.WARNING,
+                                  preload=["dmp._run_worker"])
     return Client(cluster), cluster
 
 
@@ -252,7 +255,7 @@ def _ba_summary(est, wall_s):
             "recoveries": est.recoveries_}
 
 
-def _hashing_report(out: Path, spec, ds, fitted, cmp_key, log) -> dict:
+def _hashing_report(out: Path, spec, ds, fitted, cmp_key, log, runs=None) -> dict:
     """Precision@k and recall against the Euclidean ground truth for every fit and for the
     ITQ / PCA baselines (retrieval.png), E_BA per iteration (convergence.png), measured
     against predicted speed-up when the fits compared worker counts (speedup.png); the
@@ -291,9 +294,19 @@ def _hashing_report(out: Path, spec, ds, fitted, cmp_key, log) -> dict:
         plot_speedup(sp["measured_speedup"],
                      (grid, [T1 / parmac_time(int(P), **sp["costs"]) for P in grid]),
                      path=str(out / "speedup.png"))
+        walls = {int(P): float(r["wall_time_s"]) for P, r in (runs or {}).items()}
+        if 1 in walls:
+            sp["whole_fit_speedup"] = {P: walls[1] / t for P, t in walls.items()}
         for P, s in sp["measured_speedup"].items():
-            log(f"  speed-up with {P} workers: measured {s:.2f}, model "
-                f"{sp['predicted_speedup'][P]:.2f}")
+            if P == 1:
+                continue
+            log(f"  speed-up with {P} workers, per MAC iteration (median W + Z step time "
+                f"{sp['iteration_s'][1]:.3f} s with 1 worker, {sp['iteration_s'][P]:.3f} s "
+                f"with {P}): measured {s:.2f}, speed-up model {sp['predicted_speedup'][P]:.2f}")
+            if P in walls:
+                log(f"  speed-up with {P} workers, whole fit (wall time incl. setup, "
+                    f"{walls[1]:.2f} s with 1 worker, {walls[P]:.2f} s with {P}): "
+                    f"{walls[1] / walls[P]:.2f}")
     g = zarr.open_group(str(out / "hash.zarr"), mode="w")
     for name in ("coef_", "intercept_", "decoder_coef_", "decoder_intercept_"):
         g.create_array(name.rstrip("_"), data=np.asarray(getattr(main, name)))
@@ -447,11 +460,15 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
             params["alpha"] = float(ratio) * _alpha_max(client, ds, fit_intercept)
             log(f"alpha = {ratio} x alpha_max = {params['alpha']:.6g}")
         n_workers = len(cluster_workers(client))
-        reference = None
+        reference = reference_s = None
         if spec.get("reference") == "lbfgs":
+            t0 = time.perf_counter()
             reference = _reference(spec, ds, params, est_spec["class"])
-            log(f"reference optimum (L-BFGS on the driver): F* = {reference:.12g}")
-        runs, histories, fitted = {}, {}, {}
+            reference_s = time.perf_counter() - t0
+            log(f"reference optimum (L-BFGS on the driver): F* = {reference:.12g} "
+                f"({reference_s:.2f} s)")
+        local_too = _in_process_wanted(spec, scheduler, ds, params)
+        runs, histories, fitted, overheads = {}, {}, {}, []
         for value in cmp_values:
             label = str(value) if cmp_key else est_spec["class"]
             p = dict(params)
@@ -475,7 +492,7 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
             what = f" ({cmp_key}={value})" if cmp_key else ""
             log(f"fitting {est_spec['class']}{what} with {where}")
             t0 = time.perf_counter()
-            est.fit(ds)
+            _fit_reporting_warnings(est, ds, spec)
             wall = time.perf_counter() - t0
             runs[label] = _summary(est, wall, reference, ds)
             histories[label] = getattr(est, "round_history_", est.history_)
@@ -496,12 +513,24 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
                 extra = f"blocks uploaded {runs[label]['blocks_uploaded']}"
             log(f"  objective {runs[label]['objective']:.10g}  {extra}  rounds "
                 f"{runs[label]['rounds']}  {wall:.2f}s")
+            if local_too and p["backend"] is client:
+                local_s = _time_in_process(cls, p, ds)
+                parts = p.get("n_workers") or n_workers
+                runs[label]["in_process_wall_time_s"] = local_s
+                overheads.append((wall - local_s) / max(runs[label]["rounds"], 1))
+                log(f"  fit time: {wall:.2f} s on {n_workers} Dask workers; the same fit "
+                    f"in-process ({parts} partitions in one process, no Dask): {local_s:.2f} s")
+        if overheads:
+            log(f"Dask workers cost about {1e3 * float(np.median(overheads)):.0f} ms per round "
+                f"here beyond the in-process fit: they pay when the model or the data is bigger "
+                f"than one process can hold, or when a round's compute is much larger than "
+                f"that overhead.")
         metrics = {
             "pipeline": spec["name"], "dataset": str(getattr(ds, "path", ds)),
             "shape": list(ds.shape), "nnz": int(ds.nnz), "n_workers": n_workers,
             "scheduler": client.scheduler.address, "params": params,
             "best_objective": min(r["objective"] for r in runs.values()), "runs": runs,
-            "reference_objective": reference,
+            "reference_objective": reference, "reference_time_s": reference_s,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
         tmp_out.mkdir(parents=True)
@@ -510,7 +539,8 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
 
         labelled = {f"{cmp_key}={k}" if cmp_key else k: h for k, h in histories.items()}
         if hasattr(main, "decoder_coef_"):
-            metrics["hashing"] = _hashing_report(tmp_out, spec, ds, fitted, cmp_key, log)
+            metrics["hashing"] = _hashing_report(tmp_out, spec, ds, fitted, cmp_key, log,
+                                                 runs=runs)
         elif hasattr(main, "topic_word_counts_"):
             from .plotting import plot_training as _plot
 
@@ -560,11 +590,94 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
         _remove_checkpoints(stores, ckpt_root, keep_root)
         log(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
         return metrics
+    except KeyboardInterrupt:
+        _quiet_interrupted_cluster(client, own=cluster is not None)
+        raise
     finally:
         shutil.rmtree(tmp_out, ignore_errors=True)
         client.close()
         if cluster is not None:
             cluster.close()
+
+
+#: ``in_process: auto`` times the in-process fit up to this many stored values
+IN_PROCESS_MAX_VALUES = 20_000_000
+
+
+def _in_process_wanted(spec, scheduler, ds, params) -> bool:
+    """Whether to time the same fit in-process too (``in_process`` of the pipeline)."""
+    choice = spec.get("in_process", "auto")
+    if choice != "auto":
+        return bool(choice)
+    if scheduler or params.get("backend") is not None:
+        return False
+    nnz = getattr(ds, "nnz", None)
+    return isinstance(nnz, (int, np.integer)) and nnz <= IN_PROCESS_MAX_VALUES
+
+
+def _time_in_process(cls, params, ds) -> float:
+    """Seconds of the same fit (same parameters and partitions) on the in-process backend.
+
+    Its convergence warnings are dropped: the cluster fit, which is the same fit, has
+    reported them already."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    q = {k: v for k, v in params.items() if k not in ("checkpoint", "checkpoint_every",
+                                                      "resume")}
+    q["backend"] = "local"
+    if "n_workers" in cls().get_params():
+        q["n_workers"] = params.get("n_workers") or _n_partitions(params["backend"])
+    est = cls(**q, show_progress=False)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(ds)
+    return time.perf_counter() - t0
+
+
+def _n_partitions(client) -> int:
+    return len(cluster_workers(client))
+
+
+def _fit_reporting_warnings(est, ds, spec) -> None:
+    """``est.fit(ds)``; a ConvergenceWarning is re-issued at the pipeline file's line of
+    ``max_iter`` (else ``tol``, else ``estimator``): the file is the user's call, not dmp's
+    code that calls ``fit``.  Other warnings pass through unchanged."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        est.fit(ds)
+    lines = spec.get("_lines") or {}
+    for w in caught:
+        if issubclass(w.category, ConvergenceWarning):
+            key = next((k for k in (("estimator", "params", "max_iter"),
+                                    ("estimator", "params", "tol"), ("estimator",))
+                        if k in lines), None)
+            warnings.warn_explicit(w.message, w.category, spec.get("_path", "pipeline"),
+                                   lines.get(key, 1))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno,
+                                   source=w.source)
+
+
+def _silence_distributed() -> None:
+    names = ["distributed", *(n for n in logging.root.manager.loggerDict
+                              if n.startswith("distributed."))]
+    for name in names:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _quiet_interrupted_cluster(client, own: bool) -> None:
+    """After Ctrl-C: the tasks cancelled and workers stopped mid-round are the user's doing,
+    not news; keep Dask's warnings about them (here and on the embedded cluster's
+    workers) off the console."""
+    _silence_distributed()
+    if own:
+        try:
+            client.run(_silence_distributed)
+        except Exception:   # a worker already gone: nothing of its to silence
+            pass
 
 
 def _shard_max_corr(ds, k, ytil):
