@@ -102,8 +102,8 @@ PIPELINE = {
     "checkpoints": Key("string", "Where the checkpoint stores go (folder or fsspec URL); "
                        "relative to the working directory.",
                        default_doc="`.<output name>-checkpoints` beside the output"),
-    "storage_options": Key("mapping", "fsspec options for a dataset or checkpoint URL.",
-                           default={}, default_doc="`{}`"),
+    "storage_options": Key("mapping", "fsspec options for a dataset URL (checkpoint stores "
+                           "use the environment's credentials)."),
     "output": Key("string", "Output folder, relative to the working directory "
                   "(`--output` overrides it).", default_doc="`runs/<name>`"),
     "in_process": Key("boolean_or_auto", "Also time the same fit in-process "
