@@ -529,8 +529,9 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
                 parts = f"{parts} partition{'s' if parts != 1 else ''}"
                 runs[label]["in_process_wall_time_s"] = local_s
                 overheads.append((wall - local_s) / max(runs[label]["rounds"], 1))
-                log(f"  fit time: {wall:.2f} s on {n_workers} Dask workers; the same fit "
-                    f"in-process ({parts} in one process, no Dask): {local_s:.2f} s")
+                on = f"{n_workers} Dask worker{'s' if n_workers != 1 else ''}"
+                log(f"  fit time: {wall:.2f} s on {on}; the same fit in-process ({parts} in "
+                    f"one process, no Dask): {local_s:.2f} s")
         if overheads:
             log(f"Dask workers cost about {1e3 * float(np.median(overheads)):.0f} ms per round "
                 f"here beyond the in-process fit: they pay when the model or the data is bigger "
