@@ -187,11 +187,15 @@ def _start_cluster(spec, scheduler, workers):
 
     c = dict(spec.get("cluster") or {})
     n = workers or c.get("n_workers", 2)
-    # the embedded cluster's workers use every core: keep Dask's housekeeping quiet
-    cluster = quiet_local_cluster(int(n), threads_per_worker=int(c.get("threads_per_worker", 1)),
-                                  memory_limit=c.get("memory_limit", "auto"),
-                                  dashboard_address=":0", silence_logs=logging.WARNING,
-                                  preload=["dmp._run_worker"])
+    with warnings.catch_warnings():
+        # a loaded machine's slow scratch folder is no concern of the user's
+        warnings.filterwarnings("ignore", message="Creating scratch directories is taking")
+        # the embedded cluster's workers use every core: keep Dask's housekeeping quiet
+        cluster = quiet_local_cluster(int(n),
+                                      threads_per_worker=int(c.get("threads_per_worker", 1)),
+                                      memory_limit=c.get("memory_limit", "auto"),
+                                      dashboard_address=":0", silence_logs=logging.WARNING,
+                                      preload=["dmp._run_worker"])
     return Client(cluster), cluster
 
 
@@ -609,7 +613,15 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
         shutil.rmtree(tmp_out, ignore_errors=True)
         client.close()
         if cluster is not None:
-            cluster.close()
+            # a worker slow to stop (busy in a kernel the fit no longer needs) is killed
+            # after a few seconds: the embedded cluster's end, not news for the user
+            nanny_log = logging.getLogger("distributed.nanny")
+            level = nanny_log.level
+            nanny_log.setLevel(logging.ERROR)
+            try:
+                cluster.close()
+            finally:
+                nanny_log.setLevel(level)
 
 
 #: ``in_process: auto`` times the in-process fit up to this many stored values
