@@ -255,7 +255,12 @@ def test_ctrl_c_prints_one_line_with_the_resume_command(tmp_path):
         for line in proc.stdout:
             if line.startswith("fitting"):
                 break
-        time.sleep(3)
+        # the rounds have begun once the first checkpoint is there
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob(".out-checkpoints/*.zarr")) and proc.poll() is None \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1)
         assert proc.poll() is None, "the fit ended before the interrupt"
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=120)
