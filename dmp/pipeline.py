@@ -529,13 +529,13 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
                 f"{runs[label]['rounds']}  {wall:.2f}s")
             if local_too and p["backend"] is client:
                 local_s = _time_in_process(cls, p, ds)
-                parts = p.get("n_workers") or n_workers
+                parts = p.get("n_workers") or 1   # the local backend's default
                 parts = f"{parts} partition{'s' if parts != 1 else ''}"
                 runs[label]["in_process_wall_time_s"] = local_s
                 overheads.append((wall - local_s) / max(runs[label]["rounds"], 1))
                 on = f"{n_workers} Dask worker{'s' if n_workers != 1 else ''}"
-                log(f"  fit time: {wall:.2f} s on {on}; the same fit in-process ({parts} in "
-                    f"one process, no Dask): {local_s:.2f} s")
+                log(f"  fit time: {wall:.2f} s on {on}; the same estimator and parameters "
+                    f"in one process (backend='local', {parts}, no Dask): {local_s:.2f} s")
         if overheads:
             log(f"Dask workers cost about {1e3 * float(np.median(overheads)):.0f} ms per round "
                 f"here beyond the in-process fit: they pay when the model or the data is bigger "
@@ -640,7 +640,9 @@ def _in_process_wanted(spec, scheduler, ds, params) -> bool:
 
 
 def _time_in_process(cls, params, ds) -> float:
-    """Seconds of the same fit (same parameters and partitions) on the in-process backend.
+    """Seconds of the same estimator and parameters on the in-process backend (the
+    partitions the parameters ask for, else the local backend's one): what the fit costs
+    without a cluster.
 
     Its convergence warnings are dropped: the cluster fit, which is the same fit, has
     reported them already."""
@@ -649,18 +651,12 @@ def _time_in_process(cls, params, ds) -> float:
     q = {k: v for k, v in params.items() if k not in ("checkpoint", "checkpoint_every",
                                                       "resume")}
     q["backend"] = "local"
-    if "n_workers" in cls().get_params():
-        q["n_workers"] = params.get("n_workers") or _n_partitions(params["backend"])
     est = cls(**q, show_progress=False)
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         est.fit(ds)
     return time.perf_counter() - t0
-
-
-def _n_partitions(client) -> int:
-    return len(cluster_workers(client))
 
 
 def _fit_reporting_warnings(est, ds, spec) -> None:

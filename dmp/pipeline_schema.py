@@ -106,10 +106,11 @@ PIPELINE = {
                            "use the environment's credentials)."),
     "output": Key("string", "Output folder, relative to the working directory "
                   "(`--output` overrides it).", default_doc="`runs/<name>`"),
-    "in_process": Key("boolean_or_auto", "Also time the same fit in-process "
-                      "(`backend=\"local\"`, same partitions) to print beside the cluster's "
-                      "time; `auto`: when the embedded cluster runs and the dataset holds at "
-                      "most 20 million stored values.", default="auto"),
+    "in_process": Key("boolean_or_auto", "Also time the same estimator and parameters in "
+                      "one process (`backend=\"local\"`: the partitions `n_workers` asks for, "
+                      "else 1) and print it beside the cluster's time; `auto`: when the "
+                      "embedded cluster runs and the dataset holds at most 20 million stored "
+                      "values.", default="auto"),
     "reference": Key("string", "`lbfgs`: the optimum by scipy L-BFGS on the driver, for "
                      "suboptimality plots.", choices=("lbfgs",), only_for=SPARSIFIED),
     "evaluation": Key("mapping", "Retrieval evaluation of the hash codes.",

@@ -213,8 +213,9 @@ def test_run_reports_warnings_at_the_pipeline_line_and_the_in_process_time(tmp_p
     text = "\n".join(printed)
     run = metrics["runs"]["Lasso"]
     assert run["in_process_wall_time_s"] > 0 and run["wall_time_s"] > 0
-    assert re.search(r"fit time: [0-9.]+ s on 1 Dask workers?; the same fit in-process "
-                     r"\(1 partition in one process, no Dask\): [0-9.]+ s", text), text
+    assert re.search(r"fit time: [0-9.]+ s on 1 Dask worker; the same estimator and "
+                     r"parameters in one process \(backend='local', 1 partition, no Dask\): "
+                     r"[0-9.]+ s", text), text
     assert "they pay when the model or the data is bigger than one process" in text
     saved = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert saved["runs"]["Lasso"]["in_process_wall_time_s"] == run["in_process_wall_time_s"]
