@@ -644,7 +644,7 @@ def _time_in_process(cls, params, ds) -> float:
     partitions the parameters ask for, else the local backend's one): what the fit costs
     without a cluster.
 
-    Its convergence warnings are dropped: the cluster fit, which is the same fit, has
+    Its convergence warnings are dropped: the cluster fit of the same parameters has
     reported them already."""
     from sklearn.exceptions import ConvergenceWarning
 
