@@ -15,7 +15,7 @@ A pipeline is a YAML file::
     output: runs/lasso
 
 Every key, its default and where relative paths are resolved: `dmp.pipeline_schema.PIPELINE`
-(the one declaration files are validated against) and the README's "Pipeline reference".
+(the one declaration files are validated against) and the README's "Pipeline files" section.
 A dataset or checkpoint location may be an fsspec URL (``s3://...``); workers read their shards
 and write their checkpoint partitions there themselves, with the credentials of their
 environment (``AWS_*`` variables, as a Kubernetes Secret provides them).

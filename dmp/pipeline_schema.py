@@ -1,7 +1,7 @@
 """The pipeline YAML format, declared once: every key, its type, its default and what it means.
 
 `dmp.pipeline.load_pipeline` validates every file against `PIPELINE` (with the
-``file:line:`` messages of `validate`), the README's "Pipeline reference" table is
+``file:line:`` messages of `validate`), the README's "Pipeline files" table is
 `reference_markdown()` verbatim (a test keeps them equal), and `json_schema()` gives the same
 format as a JSON Schema for editors.
 """
