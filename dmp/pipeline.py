@@ -536,11 +536,16 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
                 on = f"{n_workers} Dask worker{'s' if n_workers != 1 else ''}"
                 log(f"  fit time: {wall:.2f} s on {on}; the same estimator and parameters "
                     f"in one process (backend='local', {parts}, no Dask): {local_s:.2f} s")
-        if overheads:
-            log(f"Dask workers cost about {1e3 * float(np.median(overheads)):.0f} ms per round "
-                f"here beyond the in-process fit: they pay when the model or the data is bigger "
-                f"than one process can hold, or when a round's compute is much larger than "
-                f"that overhead.")
+        cost = float(np.median(overheads)) if overheads else None
+        if cost is not None and cost > 0:
+            log(f"Dask workers cost about {1e3 * cost:.0f} ms per round here beyond the "
+                f"in-process fit: they pay when the model or the data is bigger than one "
+                f"process can hold, or when a round's compute is much larger than that "
+                f"overhead.")
+        elif cost is not None:
+            log("Dask workers were faster than one process here: a round's compute outweighs "
+                "their per-round overhead (they also pay when the model or the data is bigger "
+                "than one process can hold).")
         metrics = {
             "pipeline": spec["name"], "dataset": str(getattr(ds, "path", ds)),
             "shape": list(ds.shape), "nnz": int(ds.nnz), "n_workers": n_workers,
@@ -611,6 +616,10 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
         raise
     finally:
         shutil.rmtree(tmp_out, ignore_errors=True)
+        if cluster is not None:
+            # the outcome is known (written, or the exception on its way): the embedded
+            # cluster's teardown races (a heartbeat to a scheduler already closed) are not
+            _silence_workers(client)
         client.close()
         if cluster is not None:
             # a worker slow to stop (busy in a kernel the fit no longer needs) is killed
@@ -688,16 +697,29 @@ def _silence_distributed() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
+def _silence_workers(client, timeout: float = 2.0) -> None:
+    """`_silence_distributed` on every worker, waiting at most ``timeout`` seconds (a worker
+    busy in a kernel answers late; it is stopped anyway)."""
+    import threading
+
+    def call():
+        try:
+            client.run(_silence_distributed)
+        except Exception:   # a worker already gone: nothing of its to silence
+            pass
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(timeout)
+
+
 def _quiet_interrupted_cluster(client, own: bool) -> None:
     """After Ctrl-C: the tasks cancelled and workers stopped mid-round are the user's doing,
     not news; keep Dask's warnings about them (here and on the embedded cluster's
     workers) off the console."""
     _silence_distributed()
     if own:
-        try:
-            client.run(_silence_distributed)
-        except Exception:   # a worker already gone: nothing of its to silence
-            pass
+        _silence_workers(client)
 
 
 def _shard_max_corr(ds, k, ytil):
