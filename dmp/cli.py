@@ -47,10 +47,35 @@ def _cmd_run(args) -> int:
 
     tls = _tls_config(args, args.scheduler)
     spec = load_pipeline(args.pipeline)
-    with dask.config.set(tls):
-        run_pipeline(spec, scheduler=args.scheduler, workers=args.workers, resume=args.resume,
-                     output=args.output, show_progress=not args.no_progress)
+    try:
+        with dask.config.set(tls):
+            run_pipeline(spec, scheduler=args.scheduler, workers=args.workers,
+                         resume=args.resume, output=args.output,
+                         show_progress=not args.no_progress)
+    except KeyboardInterrupt:
+        # Ctrl-C is the user's choice, not a failure: no traceback, the way back instead
+        end_bar = "" if args.no_progress else "\n"
+        print(f"{end_bar}dmp: run interrupted; its checkpoints are kept, continue it with: "
+              f"{_resume_command(args)}", file=sys.stderr)
+        return 130
     return 0
+
+
+def _resume_command(args) -> str:
+    """The ``dmp run`` command line of ``args`` with ``--resume``."""
+    import shlex
+
+    argv = ["dmp", "run", args.pipeline]
+    if args.scheduler:
+        argv += ["--scheduler", args.scheduler]
+    if args.workers:
+        argv += ["--workers", str(args.workers)]
+    argv.append("--resume")
+    if args.output:
+        argv += ["--output", args.output]
+    if args.no_progress:
+        argv.append("--no-progress")
+    return shlex.join(argv)
 
 
 def _cmd_monitor(args) -> int:

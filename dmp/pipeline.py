@@ -14,6 +14,8 @@ A pipeline is a YAML file::
     storage_options: {anon: false}  # optional: fsspec options for a dataset URL
     output: runs/lasso
 
+Every key, its default and where relative paths are resolved: `dmp.pipeline_schema.PIPELINE`
+(the one declaration files are validated against) and the README's "Pipeline files" section.
 A dataset or checkpoint location may be an fsspec URL (``s3://...``); workers read their shards
 and write their checkpoint partitions there themselves, with the credentials of their
 environment (``AWS_*`` variables, as a Kubernetes Secret provides them).
@@ -33,6 +35,7 @@ import shutil
 import sys
 import time
 import uuid
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -42,18 +45,9 @@ from .engine.backends.dask import cluster_workers
 from .io.sparse import DatasetError, require_store_kind
 from .utils.text import plural
 
-_KEYS = {"name", "description", "dataset", "estimator", "compare", "cluster",
-         "checkpoint_every", "output", "reference", "checkpoints", "storage_options",
-         "evaluation"}
-_ESTIMATORS = {"Lasso": "dmp.linear_model:Lasso",
-               "SparsifiedSGDClassifier": "dmp.linear_model:SparsifiedSGDClassifier",
-               "SparsifiedSGDRegressor": "dmp.linear_model:SparsifiedSGDRegressor",
-               "MatrixFactorization": "dmp.decomposition:MatrixFactorization",
-    "LatentDirichletAllocation": "dmp.decomposition:LatentDirichletAllocation",
-    "BinaryAutoencoder": "dmp.hashing:BinaryAutoencoder"}
-_EVALUATION_KEYS = {"k", "baselines"}
-_SPARSIFIED = ("SparsifiedSGDClassifier", "SparsifiedSGDRegressor")
-_CLUSTER_KEYS = {"n_workers", "threads_per_worker", "memory_limit"}
+from .pipeline_schema import ESTIMATORS as _ESTIMATORS
+from .pipeline_schema import SPARSIFIED as _SPARSIFIED
+from .pipeline_schema import apply_defaults, check_applies, validate as validate_schema
 
 
 class PipelineError(ValueError):
@@ -103,78 +97,20 @@ def load_pipeline(path) -> dict:
 
     if not isinstance(spec, dict):
         fail("a pipeline must be a mapping of keys")
-    for key in spec:
-        if key not in _KEYS:
-            fail(f"unknown key {key!r}; allowed: {sorted(_KEYS)}", key)
-    if not isinstance(spec.get("storage_options", {}), dict):
-        fail("'storage_options' must be a mapping of fsspec options", "storage_options")
-    if "checkpoints" in spec and not isinstance(spec["checkpoints"], str):
-        fail("'checkpoints' must be a path or URL", "checkpoints")
-    for key in ("name", "dataset", "estimator"):
-        if key not in spec:
-            fail(f"missing required key {key!r}")
-    if not isinstance(spec["name"], str) or not spec["name"].strip():
-        fail("'name' must be a non-empty string", "name")
+    validate_schema(spec, fail)
     est = spec["estimator"]
-    if not isinstance(est, dict) or "class" not in est:
-        fail(f"'estimator' needs a 'class' (one of {sorted(_ESTIMATORS)})", "estimator")
-    if est["class"] not in _ESTIMATORS:
-        fail(f"unknown estimator class {est['class']!r}; known: {sorted(_ESTIMATORS)}",
-             "estimator", "class")
-    for key in est:
-        if key not in ("class", "params"):
-            fail(f"unknown key {key!r} under 'estimator' (allowed: class, params)",
-                 "estimator", key)
-    cluster = spec.get("cluster") or {}
-    if not isinstance(cluster, dict):
-        fail(f"'cluster' must be a mapping with keys {sorted(_CLUSTER_KEYS)}", "cluster")
-    for key in cluster:
-        if key not in _CLUSTER_KEYS:
-            fail(f"unknown key {key!r} under 'cluster'; allowed: {sorted(_CLUSTER_KEYS)}",
-                 "cluster", key)
-    for key in ("n_workers", "threads_per_worker"):
-        v = cluster.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            fail(f"'cluster.{key}' must be a positive integer, got {v!r}", "cluster", key)
-    every = spec.get("checkpoint_every")
-    if every is not None and (isinstance(every, bool) or not isinstance(every, int)
-                              or every < 1):
-        fail(f"'checkpoint_every' must be a positive integer, got {every!r}",
-             "checkpoint_every")
+    check_applies(spec, fail, est["class"])
+    apply_defaults(spec)
     compare = spec.get("compare") or {}
-    if (not isinstance(compare, dict) or len(compare) > 1
-            or any(not isinstance(v, list) or not v for v in compare.values())):
-        fail("'compare' must map one parameter to a non-empty list of values", "compare")
     params = est.get("params") or {}
-    if not isinstance(params, dict):
-        fail("'estimator.params' must be a mapping of parameter: value", "estimator", "params")
     if "alpha_ratio" in params and est["class"] != "Lasso":
         fail("'alpha_ratio' is only defined for Lasso", "estimator", "params", "alpha_ratio")
     if "alpha_ratio" in params and "alpha" in params:
         fail("give either 'alpha' or 'alpha_ratio', not both",
              "estimator", "params", "alpha_ratio")
     _check_params(est["class"], params, compare, fail)
-    ev = spec.get("evaluation")
-    if ev is not None:
-        if est["class"] != "BinaryAutoencoder" or not isinstance(ev, dict):
-            fail("'evaluation' is a mapping {k, baselines}, for BinaryAutoencoder",
-                 "evaluation")
-        for key in ev:
-            if key not in _EVALUATION_KEYS:
-                fail(f"unknown key {key!r} under 'evaluation'; allowed: "
-                     f"{sorted(_EVALUATION_KEYS)}", "evaluation", key)
-        k = ev.get("k", 50)
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            fail(f"'evaluation.k' must be a positive integer, got {k!r}", "evaluation", "k")
-        bl = ev.get("baselines", ["itq", "pca"])
-        if not isinstance(bl, list) or any(b not in ("itq", "pca") for b in bl):
-            fail(f"'evaluation.baselines' must be a list of itq, pca; got {bl!r}",
-                 "evaluation", "baselines")
-    ref = spec.get("reference")
-    if ref is not None and (ref != "lbfgs" or est["class"] not in _SPARSIFIED):
-        fail(f"'reference' may only be 'lbfgs', for {' / '.join(_SPARSIFIED)}; got {ref!r}",
-             "reference")
     spec["_path"] = str(path.resolve())
+    spec["_lines"] = lines
     spec.setdefault("output", f"runs/{spec['name']}")
     return spec
 
@@ -253,11 +189,16 @@ def _start_cluster(spec, scheduler, workers):
 
     c = dict(spec.get("cluster") or {})
     n = workers or c.get("n_workers", 2)
-    # the embedded cluster's workers use every core: keep Dask's housekeeping quiet
-    cluster = quiet_local_cluster(int(n), threads_per_worker=int(c.get("threads_per_worker", 1)),
-                                  memory_limit=c.get("memory_limit", "auto"),
-                                  dashboard_address="127.0.0.1:0",    # not on the network
-                                  silence_logs=logging.WARNING)
+    with warnings.catch_warnings():
+        # a loaded machine's slow scratch folder is no concern of the user's
+        warnings.filterwarnings("ignore", message="Creating scratch directories is taking")
+        # the embedded cluster's workers use every core: keep Dask's housekeeping quiet
+        cluster = quiet_local_cluster(int(n),
+                                      threads_per_worker=int(c.get("threads_per_worker", 1)),
+                                      memory_limit=c.get("memory_limit", "auto"),
+                                      dashboard_address="127.0.0.1:0",    # not on the network
+                                      silence_logs=logging.WARNING,
+                                      preload=["dmp._run_worker"])
     return Client(cluster), cluster
 
 
@@ -322,7 +263,7 @@ def _ba_summary(est, wall_s):
             "recoveries": est.recoveries_}
 
 
-def _hashing_report(out: Path, spec, ds, fitted, cmp_key, log) -> dict:
+def _hashing_report(out: Path, spec, ds, fitted, cmp_key, log, runs=None) -> dict:
     """Precision@k and recall against the Euclidean ground truth for every fit and for the
     ITQ / PCA baselines (retrieval.png), E_BA per iteration (convergence.png), measured
     against predicted speed-up when the fits compared worker counts (speedup.png); the
@@ -348,6 +289,16 @@ def _hashing_report(out: Path, spec, ds, fitted, cmp_key, log) -> dict:
     for name, q in quality.items():
         log(f"  {name:>16}: precision@{k} {q['precision_at_k']:.4f}  recall@"
             f"{q['n_retrieved'][-1]} {q['recall'][-1]:.4f}")
+    if "itq" in quality:
+        # the comparison the README's claims are about, stated as measured here
+        top = quality["itq"]["precision_at_k"]
+        diffs = {n: 100 * (q["precision_at_k"] - top) for n, q in quality.items()
+                 if n in labelled}
+        for n, d in diffs.items():
+            quality[n]["precision_vs_itq_points"] = d
+        log(f"  precision@{k} of the BA minus ITQ's, in points (same {len(queries)} queries "
+            f"and Euclidean neighbours): "
+            + ", ".join(f"{n} {d:+.2f}" for n, d in diffs.items()))
     plot_retrieval({n: (q["n_retrieved"], q["recall"]) for n, q in quality.items()}, k=k,
                    path=str(out / "retrieval.png"))
     plot_parmac(main.history_, path=str(out / "convergence.png"))
@@ -365,9 +316,19 @@ def _hashing_report(out: Path, spec, ds, fitted, cmp_key, log) -> dict:
                      fitted_from="one 1-worker fit (compute)" + (
                          f" and one {src['t_c']}-worker fit (hand-over, per round)"
                          if src["t_c"] > 1 else ""))
+        walls = {int(P): float(r["wall_time_s"]) for P, r in (runs or {}).items()}
+        if 1 in walls:
+            sp["whole_fit_speedup"] = {P: walls[1] / t for P, t in walls.items()}
         for P, s in sp["measured_speedup"].items():
-            log(f"  speed-up with {P} workers: measured {s:.2f}, model "
-                f"{sp['predicted_speedup'][P]:.2f}")
+            if P == 1:
+                continue
+            log(f"  speed-up with {P} workers, per MAC iteration (median W + Z step time "
+                f"{sp['iteration_s'][1]:.3f} s with 1 worker, {sp['iteration_s'][P]:.3f} s "
+                f"with {P}): measured {s:.2f}, speed-up model {sp['predicted_speedup'][P]:.2f}")
+            if P in walls:
+                log(f"  speed-up with {P} workers, whole fit (wall time incl. setup, "
+                    f"{walls[1]:.2f} s with 1 worker, {walls[P]:.2f} s with {P}): "
+                    f"{walls[1] / walls[P]:.2f}")
     g = zarr.open_group(str(out / "hash.zarr"), mode="w")
     for name in ("coef_", "intercept_", "decoder_coef_", "decoder_intercept_"):
         g.create_array(name.rstrip("_"), data=np.asarray(getattr(main, name)))
@@ -568,11 +529,15 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
             params["alpha"] = float(ratio) * _alpha_max(client, ds, fit_intercept)
             log(f"alpha = {ratio} x alpha_max = {params['alpha']:.6g}")
         n_workers = len(cluster_workers(client))
-        reference = None
+        reference = reference_s = None
         if spec.get("reference") == "lbfgs":
+            t0 = time.perf_counter()
             reference = _reference(spec, ds, params, est_spec["class"])
-            log(f"reference optimum (L-BFGS on the driver): F* = {reference:.12g}")
-        runs, histories, fitted = {}, {}, {}
+            reference_s = time.perf_counter() - t0
+            log(f"reference optimum (L-BFGS on the driver): F* = {reference:.12g} "
+                f"({reference_s:.2f} s)")
+        local_too = _in_process_wanted(spec, scheduler, ds, params)
+        runs, histories, fitted, overheads = {}, {}, {}, []
         for value in cmp_values:
             label = str(value) if cmp_key else est_spec["class"]
             p = dict(params)
@@ -600,7 +565,7 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
             what = f" ({cmp_key}={value})" if cmp_key else ""
             log(f"fitting {est_spec['class']}{what} with {where}")
             t0 = time.perf_counter()
-            est.fit(ds)
+            _fit_reporting_warnings(est, ds, spec)
             wall = time.perf_counter() - t0
             runs[label] = {**_primary_fields(est), **_summary(est, wall, reference, ds),
                            **_loop_times(est, wall)}
@@ -625,12 +590,31 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
                 f"({'higher' if run_['direction'] == 'max' else 'lower'} is better)  "
                 f"{extra}  rounds {run_['rounds']}  {wall:.2f}s "
                 f"({run_['round_loop_time_s']:.2f}s in the round loop)")
+            if local_too and p["backend"] is client:
+                local_s = _time_in_process(cls, p, ds)
+                parts = p.get("n_workers") or 1   # the local backend's default
+                parts = f"{parts} partition{'s' if parts != 1 else ''}"
+                runs[label]["in_process_wall_time_s"] = local_s
+                overheads.append((wall - local_s) / max(runs[label]["rounds"], 1))
+                on = f"{n_workers} Dask worker{'s' if n_workers != 1 else ''}"
+                log(f"  fit time: {wall:.2f} s on {on}; the same estimator and parameters "
+                    f"in one process (backend='local', {parts}, no Dask): {local_s:.2f} s")
+        cost = float(np.median(overheads)) if overheads else None
+        if cost is not None and cost > 0:
+            log(f"Dask workers cost about {1e3 * cost:.0f} ms per round here beyond the "
+                f"in-process fit: they pay when the model or the data is bigger than one "
+                f"process can hold, or when a round's compute is much larger than that "
+                f"overhead.")
+        elif cost is not None:
+            log("Dask workers were faster than one process here: a round's compute outweighs "
+                "their per-round overhead (they also pay when the model or the data is bigger "
+                "than one process can hold).")
         metrics = {
             "pipeline": spec["name"], "dataset": str(getattr(ds, "path", ds)),
             "shape": list(ds.shape), "nnz": int(ds.nnz), "n_workers": n_workers,
             "scheduler": client.scheduler.address, "params": params,
             **_best(runs), "runs": runs,
-            "reference_objective": reference,
+            "reference_objective": reference, "reference_time_s": reference_s,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
         tmp_out.mkdir(parents=True)
@@ -640,7 +624,8 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
         labelled = {f"{cmp_key}={k}" if cmp_key else k: h for k, h in histories.items()}
         walls = {f"{cmp_key}={k}" if cmp_key else k: r["wall_time_s"] for k, r in runs.items()}
         if hasattr(main, "decoder_coef_"):
-            metrics["hashing"] = _hashing_report(tmp_out, spec, ds, fitted, cmp_key, log)
+            metrics["hashing"] = _hashing_report(tmp_out, spec, ds, fitted, cmp_key, log,
+                                                 runs=runs)
         elif hasattr(main, "topic_word_counts_"):
             _write_topics(tmp_out, main, ds)
             plot_loglik(labelled, path=str(tmp_out / "convergence.png"), wall_time=walls)
@@ -687,11 +672,115 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
         _remove_checkpoints(stores, ckpt_root, keep_root)
         log(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
         return metrics
+    except KeyboardInterrupt:
+        _quiet_interrupted_cluster(client, own=cluster is not None)
+        raise
     finally:
         shutil.rmtree(tmp_out, ignore_errors=True)
+        if cluster is not None:
+            # the outcome is known (written, or the exception on its way): the embedded
+            # cluster's teardown races (a heartbeat to a scheduler already closed) are not
+            _silence_workers(client)
         client.close()
         if cluster is not None:
-            cluster.close()
+            # a worker slow to stop (busy in a kernel the fit no longer needs) is killed
+            # after a few seconds: the embedded cluster's end, not news for the user
+            nanny_log = logging.getLogger("distributed.nanny")
+            level = nanny_log.level
+            nanny_log.setLevel(logging.ERROR)
+            try:
+                cluster.close()
+            finally:
+                nanny_log.setLevel(level)
+
+
+#: ``in_process: auto`` times the in-process fit up to this many stored values
+IN_PROCESS_MAX_VALUES = 20_000_000
+
+
+def _in_process_wanted(spec, scheduler, ds, params) -> bool:
+    """Whether to time the same fit in-process too (``in_process`` of the pipeline)."""
+    choice = spec.get("in_process", "auto")
+    if choice != "auto":
+        return bool(choice)
+    if scheduler or params.get("backend") is not None:
+        return False
+    nnz = getattr(ds, "nnz", None)
+    return isinstance(nnz, (int, np.integer)) and nnz <= IN_PROCESS_MAX_VALUES
+
+
+def _time_in_process(cls, params, ds) -> float:
+    """Seconds of the same estimator and parameters on the in-process backend (the
+    partitions the parameters ask for, else the local backend's one): what the fit costs
+    without a cluster.
+
+    Its convergence warnings are dropped: the cluster fit of the same parameters has
+    reported them already."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    q = {k: v for k, v in params.items() if k not in ("checkpoint", "checkpoint_every",
+                                                      "resume")}
+    q["backend"] = "local"
+    est = cls(**q, show_progress=False)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        est.fit(ds)
+    return time.perf_counter() - t0
+
+
+def _fit_reporting_warnings(est, ds, spec) -> None:
+    """``est.fit(ds)``; a ConvergenceWarning is re-issued at the pipeline file's line of
+    ``max_iter`` (else ``tol``, else ``estimator``): the file is the user's call, not dmp's
+    code that calls ``fit``.  Other warnings pass through unchanged."""
+    from sklearn.exceptions import ConvergenceWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        est.fit(ds)
+    lines = spec.get("_lines") or {}
+    for w in caught:
+        if issubclass(w.category, ConvergenceWarning):
+            key = next((k for k in (("estimator", "params", "max_iter"),
+                                    ("estimator", "params", "tol"), ("estimator",))
+                        if k in lines), None)
+            warnings.warn_explicit(w.message, w.category, spec.get("_path", "pipeline"),
+                                   lines.get(key, 1))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno,
+                                   source=w.source)
+
+
+def _silence_distributed() -> None:
+    names = ["distributed", *(n for n in logging.root.manager.loggerDict
+                              if n.startswith("distributed."))]
+    for name in names:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def _silence_workers(client, timeout: float = 2.0) -> None:
+    """`_silence_distributed` on every worker, waiting at most ``timeout`` seconds (a worker
+    busy in a kernel answers late; it is stopped anyway)."""
+    import threading
+
+    def call():
+        try:
+            client.run(_silence_distributed)
+        except Exception:   # a worker already gone: nothing of its to silence
+            pass
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(timeout)
+
+
+def _quiet_interrupted_cluster(client, own: bool) -> None:
+    """After Ctrl-C: the tasks cancelled and workers stopped mid-round are the user's doing,
+    not news; keep Dask's warnings about them (here and on the embedded cluster's
+    workers) off the console."""
+    _silence_distributed()
+    if own:
+        _silence_workers(client)
 
 
 def _shard_max_corr(ds, k, ytil):

@@ -4,6 +4,10 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
+
+# the examples converge within their budget: a ConvergenceWarning is a README bug
+pytestmark = pytest.mark.filterwarnings("error::sklearn.exceptions.ConvergenceWarning")
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 BLOCKS = re.findall(r"```python\n(.*?)```", README, flags=re.S)
