@@ -256,9 +256,11 @@ def test_ctrl_c_prints_one_line_with_the_resume_command(tmp_path):
         for line in proc.stdout:
             if line.startswith("fitting"):
                 break
-        # the rounds have begun once the first checkpoint is there
+        # the rounds have begun once the first checkpoint round is there (the store itself
+        # is made at the start, to hold the fit's lock)
         deadline = time.monotonic() + 120
-        while not list(tmp_path.glob(".out-checkpoints/*.zarr")) and proc.poll() is None \
+        while not list(tmp_path.glob(".out-checkpoints/*.zarr/round_*")) \
+                and proc.poll() is None \
                 and time.monotonic() < deadline:
             time.sleep(0.2)
         time.sleep(1)
@@ -273,4 +275,4 @@ def test_ctrl_c_prints_one_line_with_the_resume_command(tmp_path):
     assert len(lines) <= 2 and "Traceback" not in err, err
     assert "interrupted" in lines[-1]
     assert lines[-1].endswith(f"dmp run {path} --resume --output {out} --no-progress"), err
-    assert list(tmp_path.glob(".out-checkpoints/*.zarr")) and not out.exists()
+    assert list(tmp_path.glob(".out-checkpoints/*.zarr/round_*")) and not out.exists()
