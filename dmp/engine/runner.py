@@ -48,6 +48,8 @@ class RunResult:
     fit_id: str = ""
     #: the callback asked the run to stop (not a failure to converge)
     stopped: bool = False
+    #: what ``run(collect=...)`` returned
+    collected: object = None
 
 
 def _pull_bytes(updates, n_partitions: int) -> int:
@@ -108,7 +110,8 @@ def run(program, backend, **kwargs) -> RunResult:
 def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
          checkpoint_every: int = 50, resume: bool = False, fingerprint: dict | None = None,
          callback=None, show_progress: bool = False, desc: str = "dmp",
-         max_recoveries: int = 5, params: dict | None = None, _lock=None) -> RunResult:
+         max_recoveries: int = 5, params: dict | None = None, collect=None,
+         _lock=None) -> RunResult:
     """The body of `run`.
 
     Parameters
@@ -129,6 +132,13 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
     desc, params : str, dict
         Estimator name and hyperparameters, for the progress bar and the live monitor
         (`dmp.engine.events`).
+    collect : callable, optional
+        ``collect(backend) -> object``, run once the rounds are done to bring the result
+        off the workers (e.g. MF's factors; `RunResult.collected`).  It is part of the fit,
+        as the partitions' arrays of ``program.gather_partitions`` are: a worker lost while
+        it runs is recovered like one lost in a round (from the last checkpoint, replaying
+        the rounds after it) and it runs again.  It should stream what it brings back
+        (`DaskBackend.collect_stream`), which the up-front memory check counts.
     """
     if staleness < 0:
         raise ValueError(f"staleness must be >= 0, got {staleness}")
@@ -243,6 +253,10 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
     # callback (run once more on the replayed rounds) does not say so twice
     stop_round = None
     offset = history[-1]["time"] if history else 0.0
+    collected = None
+    # (converged, stopped, round) when the rounds were done and the result was being
+    # collected: a loss then that rolls nothing back goes straight to collecting again
+    finished = None
 
     batch_cap = 1
     batchable = hasattr(backend, "step_batch")
@@ -383,7 +397,10 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
                         break
                 if update is not None:
                     backend.apply_all(update)
+                    update = None
+                finished = (converged, stopped, round_)
                 arrays = backend.collect_all() if program.gather_partitions else []
+                collected = collect(backend) if collect is not None else None
                 status = "converged" if converged else "stopped" if stopped else "max_iter"
                 break
             except WorkerLostError as exc:
@@ -395,6 +412,11 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
                     raise RuntimeError(f"gave up after {max_recoveries} worker losses") from exc
                 converged = stopped = False
                 round_ = recover()
+                if finished is not None:
+                    recoveries[-1]["while"] = "collecting the result"
+                    if round_ >= finished[2]:
+                        converged, stopped = finished[0], finished[1]
+                    finished = None
                 recoveries[-1]["resumed_round"] = round_
                 events.recovered(round_)
                 offset = history[-1]["time"] if history else 0.0
@@ -405,7 +427,8 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
     program.finish(arrays)
     return RunResult(history=history, n_rounds=round_, partition_arrays=arrays,
                      converged=converged, wall_s=time.perf_counter() - t_start,
-                     recoveries=recoveries, fit_id=events.fit_id, stopped=bool(stopped))
+                     recoveries=recoveries, fit_id=events.fit_id, stopped=bool(stopped),
+                     collected=collected)
 
 
 def history_arrays(history: list[dict]) -> dict:
