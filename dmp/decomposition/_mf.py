@@ -21,7 +21,8 @@ from ..io.sparse import _group_has_attrs, require_store_kind
 from ..kernels import mf as K
 from ..linear_model._lasso import seed_from
 from ..utils.estimator import SharedBackendMixin
-from ..utils.scratch import temporary_store_dir
+from ..utils.scratch import (clean_stale_partials, mark_partial, temporary_store_dir,
+                             unmark_partial)
 from ._mf_program import MFProgram, auto_block_size
 
 
@@ -376,14 +377,17 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
         import zarr
 
         path = os.path.abspath(os.fspath(self.factors_store))
+        clean_stale_partials(path)   # left by fits that were killed while writing it
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
         try:
             zarr.open_group(tmp, mode="w", zarr_format=3)
+            mark_partial(tmp)
             parts = sorted(backend.call_all("save_factors", tmp))
             g = zarr.open_group(tmp, mode="a", zarr_format=3)
             g.attrs.update({"mean": float(program.driver["mean"]), "n_partitions": len(parts),
                             "user_starts": [p[1] for p in parts],
                             "item_starts": [p[3] for p in parts], "complete": True})
+            unmark_partial(tmp)
             if os.path.exists(path):
                 _check_factors_store(path)
                 shutil.rmtree(path)

@@ -79,6 +79,21 @@ def _fresh_driver_nbytes(program):
         return None
 
 
+def _discard_round(store, round: int) -> None:
+    """Remove checkpoint ``round`` when it is not complete (its write failed); best effort,
+    never hiding the write's error."""
+    from .checkpoint import _history_name, _round_name
+
+    try:
+        if round in store.complete_rounds():
+            return
+        store._remove(store._join(_round_name(round)))
+        store._remove(store._join("history", _history_name(round)))
+    except Exception:  # noqa: BLE001 - the write's own error is the one to report
+        logger.warning("could not remove the incomplete checkpoint of round %d in %s",
+                       round, store.path)
+
+
 def run(program, backend, **kwargs) -> RunResult:
     """Run ``program`` on ``backend`` until it converges or ``max_iter`` rounds pass.
 
@@ -275,10 +290,21 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
     def checkpoint_now(r):
         if _lock is not None:
             _lock.verify()   # another fit took the location over: stop writing it
-        store.begin(r, fingerprint)
-        parts = backend.save_all([store.partition_path(r, k) for k in range(n_parts)])
-        store.commit(r, dict(program.driver_state()),
-                     partitions=parts if isinstance(parts, list) else None, history=history)
+        try:
+            store.begin(r, fingerprint)
+            parts = backend.save_all([store.partition_path(r, k) for k in range(n_parts)])
+            store.commit(r, dict(program.driver_state()),
+                         partitions=parts if isinstance(parts, list) else None,
+                         history=history)
+        except OSError as exc:
+            # a full disk (or another write error, on a worker or here): the half-written
+            # round goes, the complete checkpoints before it stay usable
+            _discard_round(store, r)
+            if exc.filename is None and exc.errno is not None:
+                # Zarr's write errors name no file: name the checkpoint
+                raise OSError(exc.errno, f"{exc.strerror or exc} (writing the checkpoint of "
+                                         f"round {r})", store.path) from exc
+            raise
         events.checkpoint(r)
 
     try:
