@@ -73,8 +73,10 @@ def _lasso_data():
 def _collecting_cases():
     R = _ratings(n_users=900, n_items=300, nnz=20_000)
     return {
-        "lasso": (lambda **kw: Lasso(alpha=0.002, max_iter=40, tol=0, random_state=0, **kw),
-                  _lasso_data(), lambda e: e.coef_, 10),
+        # a restored Lasso rebuilds its residual (not bit for bit the same iterates): it is
+        # compared at its optimum, as in test_dask_backend.py
+        "lasso": (lambda **kw: Lasso(alpha=0.002, max_iter=3000, tol=1e-9, random_state=0,
+                                     **kw), _lasso_data(), lambda e: e.coef_, 10),
         "lda": (lambda **kw: LatentDirichletAllocation(5, max_iter=6, random_state=0, **kw),
                 (_corpus(n_docs=150, n_words=200),), lambda e: e.topic_word_counts_, 3),
         "mf-ccd++": (lambda **kw: MatrixFactorization(n_components=6, max_iter=4, tol=0,
@@ -114,6 +116,10 @@ def test_worker_killed_while_the_result_is_collected(cluster3, tmp_path, name, c
     assert len(backend.fired) == 1
     assert len(est.recoveries_) == 1, est.recoveries_
     assert est.recoveries_[0]["while"] == "collecting the result"
+    if name == "lasso":
+        np.testing.assert_allclose(result(est), result(reference), atol=1e-6)
+        assert abs(est.objective_ - reference.objective_) <= 1e-8 * reference.objective_
+        return
     np.testing.assert_allclose(result(est), result(reference), rtol=1e-7, atol=1e-9)
     np.testing.assert_array_equal(est.history_["round"], reference.history_["round"])
 
@@ -175,7 +181,7 @@ def test_driver_side_models_lose_a_worker_after_the_last_round(cluster3, name):
 # ----------------------------------------------------------------------------- memory
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("margin", [1.02, 1.1])
+@pytest.mark.parametrize("margin", [1.02])
 def test_collecting_does_not_push_a_tight_worker_over_its_limit(margin):
     """Workers given just over what the up-front check asks for: every round fits, and
     collecting the factors (a copy of each partition's W and H at once, before) must not
@@ -188,8 +194,8 @@ def test_collecting_does_not_push_a_tight_worker_over_its_limit(margin):
 
     import dask
 
-    # factors dominate: 60 000 users x rank 300 = 137 MiB of W per worker
-    n_users, n_items, k = 120_000, 200, 300
+    # factors dominate: 180 000 users x rank 100 = 137 MiB of W per worker
+    n_users, n_items, k = 360_000, 200, 100
     rng = np.random.default_rng(0)
     nnz = 30_000
     flat = rng.choice(n_users * n_items, nnz, replace=False)
@@ -241,6 +247,7 @@ def test_a_workers_oserror_is_not_a_lost_worker():
     assert _is_worker_loss(OSError("Timed out trying to connect to tcp://1.2.3.4:5 after 30 s"))
     assert _is_worker_loss(OSError(errno.EHOSTUNREACH, "No route to host"))
     assert _is_worker_loss(TimeoutError())
+    assert _is_worker_loss(OSError("Unable to contact Actor's worker"))  # distributed.actor
 
 
 @pytest.fixture

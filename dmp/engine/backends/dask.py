@@ -219,8 +219,8 @@ def check_partition_memory(program, specs, placement, limits) -> None:
 
 
 #: what distributed's own errors of reaching a worker say (plain ``OSError``, no errno:
-#: e.g. "Timed out trying to connect to tcp://... after 30 s")
-_COMM_MARKERS = ("connect", "closed", "timed out", "stream")
+#: "Timed out trying to connect to tcp://... after 30 s", "Unable to contact Actor's worker")
+_COMM_MARKERS = ("connect", "contact", "closed", "timed out", "stream", "lost")
 #: errnos of a network path to a worker that broke (its host died or became unreachable)
 _NETWORK_ERRNOS = frozenset(getattr(errno, n) for n in (
     "ECONNRESET", "ECONNREFUSED", "ECONNABORTED", "EPIPE", "ETIMEDOUT", "EHOSTUNREACH",
