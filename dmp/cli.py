@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
 import warnings
@@ -432,6 +433,15 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError, FileExistsError, ConnectionError) as exc:
         print(f"dmp: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        path = exc.filename or getattr(args, "dest", None) or getattr(args, "output", None)
+        where = f" writing {path}" if path else ""
+        print(f"dmp: error: no space left on device{where} ({exc.strerror or exc}); free "
+              f"space there or write elsewhere (--output, the pipeline's "
+              f"'checkpoints')", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

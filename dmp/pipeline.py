@@ -521,6 +521,8 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
     (cmp_key, cmp_values), = compare.items() if compare else ((None, [None]),)
 
     client, cluster = _start_cluster(spec, scheduler, workers)
+    from .utils.scratch import clean_stale_partials, mark_partial, unmark_partial
+
     tmp_out = out.parent / f"{out.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         link = client.dashboard_link
@@ -617,7 +619,9 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
             "reference_objective": reference, "reference_time_s": reference_s,
             "date": time.strftime("%Y-%m-%d %H:%M:%S"),
         }
+        clean_stale_partials(out)   # output folders of killed runs of this output
         tmp_out.mkdir(parents=True)
+        mark_partial(tmp_out)
         main = fitted[next(iter(fitted))]
         from .plotting import plot_convergence, plot_loglik, plot_rmse, plot_suboptimality
 
@@ -654,6 +658,7 @@ def run_pipeline(spec, *, scheduler=None, workers=None, resume=False, output=Non
         with open(tmp_out / "metrics.json", "w") as f:
             json.dump(metrics, f, indent=2, default=_json_default)
         shutil.copy(spec["_path"], tmp_out / "pipeline.yaml")
+        unmark_partial(tmp_out)
         (tmp_out / RUN_MANIFEST).write_text(json.dumps(sorted(
             p.name for p in tmp_out.iterdir())))
         _check_output(out)   # again: something may have appeared there during the fits

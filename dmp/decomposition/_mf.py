@@ -21,7 +21,8 @@ from ..io.sparse import _group_has_attrs, require_store_kind
 from ..kernels import mf as K
 from ..linear_model._lasso import seed_from
 from ..utils.estimator import SharedBackendMixin
-from ..utils.scratch import temporary_store_dir
+from ..utils.scratch import (clean_stale_partials, mark_partial, temporary_store_dir,
+                             unmark_partial)
 from ._mf_program import MFProgram, auto_block_size
 
 
@@ -305,27 +306,26 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
             # the score): on Dask a batch of rounds runs while the one before is scored, with
             # the same factors
             ahead = int(self.method == "ccd++" and getattr(backend, "kind", "") == "dask")
+
+            def collect(backend):
+                # part of the fit: a worker lost meanwhile is recovered like one lost in a
+                # round, and the factors come over in pieces (no copy of a whole block)
+                if self.factors_store is not None:
+                    return self._save_factors(backend, program)
+                return self._gather_factors(backend, program, n_users, n_items, k)
+
             result = run(program, backend, max_iter=1 + self.max_iter * program.rounds_per_iter,
                          staleness=ahead,
                          checkpoint=self.checkpoint,
                          checkpoint_every=self.checkpoint_every * program.rounds_per_iter,
                          resume=self.resume, fingerprint=fingerprint, callback=self.callback,
                          show_progress=self.show_progress, desc=type(self).__name__,
-                         params=self.get_params(deep=False))
-            if self.factors_store is not None:
-                W, H = self._save_factors(backend, program)
-            else:
-                parts = backend.call_all("factors")
+                         params=self.get_params(deep=False), collect=collect)
+            W, H = result.collected
         finally:
             backend.close()
             if tmpdir is not None:
                 shutil.rmtree(tmpdir, ignore_errors=True)
-        if self.factors_store is None:
-            W = np.zeros((n_users, k))
-            H = np.zeros((n_items, k))
-            for r0, Wp, c0, Hp in parts:
-                W[r0:r0 + len(Wp)] = Wp
-                H[c0:c0 + len(Hp)] = Hp
         dr = program.driver
         self.user_factors_ = W
         self.item_factors_ = H
@@ -345,6 +345,28 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
                           f"increase max_iter", ConvergenceWarning, stacklevel=2)
         return self
 
+    @staticmethod
+    def _gather_factors(backend, program, n_users, n_items, k):
+        """W and H assembled on the driver from the partitions' rows, piece by piece."""
+        W = np.zeros((n_users, k))
+        H = np.zeros((n_items, k))
+        specs = program.partition_specs(backend.n_partitions)
+        target = {"W": (W, [sp["rows"][0] for sp in specs]),
+                  "H": (H, [sp["cols"][0] for sp in specs])}
+
+        def sink(part, name, row, piece):
+            F, starts = target[name]
+            s = starts[part] + row
+            F[s:s + len(piece)] = piece
+
+        if hasattr(backend, "collect_stream"):
+            backend.collect_stream(sink, method="factor_arrays")
+        else:   # a backend without streaming: every partition's factors at once
+            for part, arrays in enumerate(backend.collect_all("factor_arrays")):
+                for name, F in arrays.items():
+                    sink(part, name, 0, F)
+        return W, H
+
     def _save_factors(self, backend, program):
         """Workers write their factor rows into a temporary store, renamed when complete;
         return the factors as dask arrays over it."""
@@ -355,14 +377,17 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
         import zarr
 
         path = os.path.abspath(os.fspath(self.factors_store))
+        clean_stale_partials(path)   # left by fits that were killed while writing it
         tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
         try:
             zarr.open_group(tmp, mode="w", zarr_format=3)
+            mark_partial(tmp)
             parts = sorted(backend.call_all("save_factors", tmp))
             g = zarr.open_group(tmp, mode="a", zarr_format=3)
             g.attrs.update({"mean": float(program.driver["mean"]), "n_partitions": len(parts),
                             "user_starts": [p[1] for p in parts],
                             "item_starts": [p[3] for p in parts], "complete": True})
+            unmark_partial(tmp)
             if os.path.exists(path):
                 _check_factors_store(path)
                 shutil.rmtree(path)

@@ -239,6 +239,12 @@ class _MFBase(Program):
         """This partition's rows of W and of H (users x K, items x K; may be views)."""
         return st["W"], st["H"]
 
+    def factor_arrays(self, st) -> dict:
+        """This partition's ``{"W": rows of W, "H": rows of H}`` (views; collected piece by
+        piece at the end of a fit)."""
+        W, H = self._WH(st)
+        return {"W": W, "H": H}
+
     def factors(self, st):
         """(first user, W rows, first item, H rows) of this partition."""
         W, H = self._WH(st)

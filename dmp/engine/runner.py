@@ -48,6 +48,8 @@ class RunResult:
     fit_id: str = ""
     #: the callback asked the run to stop (not a failure to converge)
     stopped: bool = False
+    #: what ``run(collect=...)`` returned
+    collected: object = None
 
 
 def _pull_bytes(updates, n_partitions: int) -> int:
@@ -75,6 +77,21 @@ def _fresh_driver_nbytes(program):
         return expected_nbytes(program.driver_state())
     except Exception:
         return None
+
+
+def _discard_round(store, round: int) -> None:
+    """Remove checkpoint ``round`` when it is not complete (its write failed); best effort,
+    never hiding the write's error."""
+    from .checkpoint import _history_name, _round_name
+
+    try:
+        if round in store.complete_rounds():
+            return
+        store._remove(store._join(_round_name(round)))
+        store._remove(store._join("history", _history_name(round)))
+    except Exception:  # noqa: BLE001 - the write's own error is the one to report
+        logger.warning("could not remove the incomplete checkpoint of round %d in %s",
+                       round, store.path)
 
 
 def run(program, backend, **kwargs) -> RunResult:
@@ -108,7 +125,8 @@ def run(program, backend, **kwargs) -> RunResult:
 def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None,
          checkpoint_every: int = 50, resume: bool = False, fingerprint: dict | None = None,
          callback=None, show_progress: bool = False, desc: str = "dmp",
-         max_recoveries: int = 5, params: dict | None = None, _lock=None) -> RunResult:
+         max_recoveries: int = 5, params: dict | None = None, collect=None,
+         _lock=None) -> RunResult:
     """The body of `run`.
 
     Parameters
@@ -129,6 +147,13 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
     desc, params : str, dict
         Estimator name and hyperparameters, for the progress bar and the live monitor
         (`dmp.engine.events`).
+    collect : callable, optional
+        ``collect(backend) -> object``, run once the rounds are done to bring the result
+        off the workers (e.g. MF's factors; `RunResult.collected`).  It is part of the fit,
+        as the partitions' arrays of ``program.gather_partitions`` are: a worker lost while
+        it runs is recovered like one lost in a round (from the last checkpoint, replaying
+        the rounds after it) and it runs again.  It should stream what it brings back
+        (`DaskBackend.collect_stream`), which the up-front memory check counts.
     """
     if staleness < 0:
         raise ValueError(f"staleness must be >= 0, got {staleness}")
@@ -243,6 +268,10 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
     # callback (run once more on the replayed rounds) does not say so twice
     stop_round = None
     offset = history[-1]["time"] if history else 0.0
+    collected = None
+    # (converged, stopped, round) when the rounds were done and the result was being
+    # collected: a loss then that rolls nothing back goes straight to collecting again
+    finished = None
 
     batch_cap = 1
     batchable = hasattr(backend, "step_batch")
@@ -261,10 +290,21 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
     def checkpoint_now(r):
         if _lock is not None:
             _lock.verify()   # another fit took the location over: stop writing it
-        store.begin(r, fingerprint)
-        parts = backend.save_all([store.partition_path(r, k) for k in range(n_parts)])
-        store.commit(r, dict(program.driver_state()),
-                     partitions=parts if isinstance(parts, list) else None, history=history)
+        try:
+            store.begin(r, fingerprint)
+            parts = backend.save_all([store.partition_path(r, k) for k in range(n_parts)])
+            store.commit(r, dict(program.driver_state()),
+                         partitions=parts if isinstance(parts, list) else None,
+                         history=history)
+        except OSError as exc:
+            # a full disk (or another write error, on a worker or here): the half-written
+            # round goes, the complete checkpoints before it stay usable
+            _discard_round(store, r)
+            if exc.filename is None and exc.errno is not None:
+                # Zarr's write errors name no file: name the checkpoint
+                raise OSError(exc.errno, f"{exc.strerror or exc} (writing the checkpoint of "
+                                         f"round {r})", store.path) from exc
+            raise
         events.checkpoint(r)
 
     try:
@@ -383,7 +423,10 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
                         break
                 if update is not None:
                     backend.apply_all(update)
+                    update = None
+                finished = (converged, stopped, round_)
                 arrays = backend.collect_all() if program.gather_partitions else []
+                collected = collect(backend) if collect is not None else None
                 status = "converged" if converged else "stopped" if stopped else "max_iter"
                 break
             except WorkerLostError as exc:
@@ -395,6 +438,11 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
                     raise RuntimeError(f"gave up after {max_recoveries} worker losses") from exc
                 converged = stopped = False
                 round_ = recover()
+                if finished is not None:
+                    recoveries[-1]["while"] = "collecting the result"
+                    if round_ >= finished[2]:
+                        converged, stopped = finished[0], finished[1]
+                    finished = None
                 recoveries[-1]["resumed_round"] = round_
                 events.recovered(round_)
                 offset = history[-1]["time"] if history else 0.0
@@ -405,7 +453,8 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
     program.finish(arrays)
     return RunResult(history=history, n_rounds=round_, partition_arrays=arrays,
                      converged=converged, wall_s=time.perf_counter() - t_start,
-                     recoveries=recoveries, fit_id=events.fit_id, stopped=bool(stopped))
+                     recoveries=recoveries, fit_id=events.fit_id, stopped=bool(stopped),
+                     collected=collected)
 
 
 def history_arrays(history: list[dict]) -> dict:

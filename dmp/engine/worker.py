@@ -206,6 +206,25 @@ class PartitionWorker:
     def collect(self) -> dict:
         return self.program.partition_arrays(self.state)
 
+    def collect_layout(self, method: str | None = None) -> dict:
+        """Start a streamed collection (`collect_piece`): hold the arrays of
+        ``program.partition_arrays(state)`` (or ``program.<method>(state)``, e.g. views of
+        the factors) and return their ``{name: (shape, dtype)}``."""
+        arrays = (self.program.partition_arrays(self.state) if method is None
+                  else getattr(self.program, method)(self.state))
+        self._collecting = {k: np.asarray(v) for k, v in arrays.items()}
+        return {k: (tuple(v.shape), v.dtype.str) for k, v in self._collecting.items()}
+
+    def collect_piece(self, name: str, start: int, stop: int):
+        """Rows ``start:stop`` of a held array, as one contiguous copy: a whole array
+        would be copied (and its copy serialised) at once, which a partition sized near its
+        worker's memory limit cannot afford."""
+        a = self._collecting[name]
+        return np.ascontiguousarray(a if a.ndim == 0 else a[start:stop])
+
+    def collect_end(self) -> None:
+        self._collecting = None
+
     def call(self, method: str, *args):
         """Run ``program.<method>(state, *args)`` on the worker (for tests and tools)."""
         return getattr(self.program, method)(self.state, *args)

@@ -390,17 +390,28 @@ def _atomic_write(path: str, storage_options, overwrite: bool, fill) -> None:
 
     Local paths are written to ``<path>.tmp-<uuid>`` and renamed when ``fill`` returns, so
     ``path`` never holds a partial dataset (an existing one is replaced only then).  Remote
-    URLs are written in place.  On any error the partial output is removed.
+    URLs are written in place.  On any error the partial output is removed; one left by a
+    killed process is removed by the next write of ``path`` (`clean_stale_partials`).
     """
+    from ..utils.scratch import clean_stale_partials, mark_partial, unmark_partial
+
     remote = _is_remote(path)
+    if not remote:
+        clean_stale_partials(path)   # left by conversions of this path that were killed
     target = path if remote else f"{path}.tmp-{uuid.uuid4().hex}"
     try:
         g = _open_group(target, storage_options, mode="w")
+        if not remote:
+            mark_partial(target)
         fill(g)
         if not remote:
+            unmark_partial(target)
             _replace_dir(target, path, overwrite)
-    except BaseException:
+    except BaseException as exc:
         _cleanup(target, storage_options)
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
+            # Zarr's write errors name no file: name the dataset being written
+            raise OSError(exc.errno, exc.strerror or str(exc), path) from exc
         raise
 
 

@@ -5,6 +5,10 @@ its own when it ends; a fit that was killed leaves its folder behind, and the ne
 makes one (or `clean_stale_temporary_stores`, e.g. from a cron job) removes every such folder
 whose owner process on this host is gone.  Nothing else is ever removed: only folders with
 dmp's names *and* a readable owner file naming a dead process of this host.
+
+Partial outputs (``<path>.tmp-<hex>`` beside a dataset being converted, a factors store or a
+``dmp run`` output folder) carry the same owner file while they are written: the next write
+of the same path removes those of dead processes (`clean_stale_partials`).
 """
 
 from __future__ import annotations
@@ -71,6 +75,71 @@ def clean_stale_temporary_stores(root=None) -> list[str]:
                 continue
         except (OSError, ValueError, KeyError, TypeError):
             continue   # no owner file (yet, or not dmp's): leave it
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(entry.path)
+    return removed
+
+
+# --------------------------------------------------------------------------- partial outputs
+#: what dmp's partial outputs are named: ``<path>.tmp-<hex>`` beside ``<path>`` (a dataset
+#: being converted, a factors store, a ``dmp run`` output folder), renamed onto ``<path>``
+#: when complete
+_PARTIAL_TAIL = r"\.tmp-[0-9a-f]{8,32}"
+
+
+def partial_path(path) -> str:
+    """A new name ``<path>.tmp-<hex>`` for a partial output of ``path``."""
+    import uuid
+
+    return f"{os.fspath(path)}.tmp-{uuid.uuid4().hex}"
+
+
+def mark_partial(folder) -> None:
+    """Write the owner file (host, pid) into ``folder``, a partial output being written: a
+    later write of the same path removes it if this process dies first
+    (`clean_stale_partials`).  `unmark_partial` before the folder is renamed into place."""
+    with open(os.path.join(os.fspath(folder), OWNER_FILE), "w") as f:
+        json.dump({"host": socket.gethostname(), "pid": os.getpid()}, f)
+
+
+def unmark_partial(folder) -> None:
+    """Remove the owner file `mark_partial` wrote (the output is complete)."""
+    try:
+        os.remove(os.path.join(os.fspath(folder), OWNER_FILE))
+    except FileNotFoundError:
+        pass
+
+
+def clean_stale_partials(path) -> list[str]:
+    """Remove the partial outputs of ``path`` (``<path>.tmp-<hex>`` folders) left by dmp
+    processes of this host that are gone; nothing else (no owner file, a live owner,
+    another host or another name: left alone).
+
+    Returns
+    -------
+    list of str
+        The folders removed.
+    """
+    path = os.path.abspath(os.fspath(path))
+    parent, base = os.path.split(path)
+    pattern = re.compile("^" + re.escape(base) + _PARTIAL_TAIL + "$")
+    removed = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    host = socket.gethostname()
+    for entry in entries:
+        if not pattern.match(entry.name) or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            with open(os.path.join(entry.path, OWNER_FILE)) as f:
+                owner = json.load(f)
+            pid = owner["pid"]
+            if owner.get("host") != host or not isinstance(pid, int) or _pid_alive(pid):
+                continue
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
         shutil.rmtree(entry.path, ignore_errors=True)
         removed.append(entry.path)
     return removed

@@ -7,14 +7,23 @@ program configuration, plans and small vectors).  Actor calls are direct worker 
 
 from __future__ import annotations
 
+import errno
+import math
 import time
 from collections import deque
+
+import numpy as np
 
 from ..program import update_for
 from ..worker import ActorPartitionWorker, guard
 from ...utils.text import plural
 from .base import InsufficientMemoryError, WorkerLostError
 
+#: bytes of one piece of a partition's arrays brought to the driver at the end of a fit
+#: (`DaskBackend.collect_stream`): what collecting adds to a worker's memory, twice (the
+#: piece and its serialised frame), which the up-front memory check counts
+COLLECT_PIECE_BYTES = 4 * 2**20
+COLLECT_TRANSIENT_BYTES = 2 * COLLECT_PIECE_BYTES
 #: seconds between two event messages of one fit to the scheduler (see DaskBackend.log_event)
 EVENT_FLUSH_S = 0.2
 #: Dask settings for a cluster whose workers use every core (dmp's embedded cluster on a small
@@ -206,12 +215,13 @@ def check_partition_memory(program, specs, placement, limits) -> None:
     frac = dask.config.get("distributed.worker.memory.pause", 0.8) or 0.95
     need: dict = {}
     for name, est in zip(placement, estimates):
-        need[name] = need.get(name, 0) + int(est)
+        # and, at the end of the fit, the piece of it being collected (`collect_stream`)
+        need[name] = need.get(name, 0) + int(est) + COLLECT_TRANSIENT_BYTES
     short = [(name, n, limits[name]) for name, n in need.items()
              if limits.get(name) and n > limits[name] * frac - WORKER_BASE_BYTES]
     if not short:
         return
-    total = sum(estimates)
+    total = sum(estimates) + COLLECT_TRANSIENT_BYTES * len(estimates)
     name, n, limit = max(short, key=lambda t: t[1] - t[2])
     usable = limit * frac - WORKER_BASE_BYTES
     workers_needed = math.ceil(total / usable) if usable > 0 else None
@@ -228,11 +238,32 @@ def check_partition_memory(program, specs, placement, limits) -> None:
         f"{advice}workers with a memory limit of at least {_mib(per_worker)} each.")
 
 
+#: what distributed's own errors of reaching a worker say (plain ``OSError``, no errno:
+#: "Timed out trying to connect to tcp://... after 30 s", "Unable to contact Actor's worker")
+_COMM_MARKERS = ("connect", "contact", "closed", "timed out", "stream", "lost")
+#: errnos of a network path to a worker that broke (its host died or became unreachable)
+_NETWORK_ERRNOS = frozenset(getattr(errno, n) for n in (
+    "ECONNRESET", "ECONNREFUSED", "ECONNABORTED", "EPIPE", "ETIMEDOUT", "EHOSTUNREACH",
+    "EHOSTDOWN", "ENETUNREACH", "ENETDOWN", "ENETRESET") if hasattr(errno, n))
+
+
 def _is_worker_loss(exc: BaseException) -> bool:
+    """Whether ``exc`` (raised by a call to a partition) means its worker is gone.
+
+    Only what reaching a worker raises counts: distributed's ``CommClosedError``, a broken
+    or refused connection, a timeout, a killed or missing worker.  An ``OSError`` the
+    worker's own code raised -- a full disk (``ENOSPC``) or a permission error while it
+    writes a checkpoint -- carries an errno and is that error, not a lost worker: taking it
+    for one made a fit retry the same failing write until it "gave up after 5 worker
+    losses"."""
     from distributed.comm.core import CommClosedError
 
-    if isinstance(exc, (CommClosedError, OSError, ConnectionError, TimeoutError)):
+    if isinstance(exc, (CommClosedError, ConnectionError, TimeoutError)):
         return True
+    if isinstance(exc, OSError):
+        if exc.errno is not None:
+            return exc.errno in _NETWORK_ERRNOS
+        return any(m in str(exc).lower() for m in _COMM_MARKERS)
     if isinstance(exc, TypeError) and "addresses should be" in str(exc):
         # a restriction to a worker *name* that just left the cluster (non-string names,
         # e.g. LocalCluster's 0, 1, 2, are then taken for malformed addresses)
@@ -594,9 +625,58 @@ class DaskBackend:
         self._results(self._issue([(a, "restore", (p, m))
                                    for a, p, m in zip(self.actors, paths, manifests)]))
 
-    def collect_all(self) -> list[dict]:
+    def collect_all(self, method: str | None = None) -> list[dict]:
+        """Every partition's arrays (``program.partition_arrays``, or ``program.<method>``),
+        streamed (`collect_stream`)."""
+        out: list[dict] = []
+
+        def start(layouts):
+            out[:] = [{k: np.empty(shape, dtype) for k, (shape, dtype) in lay.items()}
+                      for lay in layouts]
+
+        def sink(k, name, row, piece):
+            a = out[k][name]
+            if a.ndim == 0:
+                a[...] = piece
+            else:
+                a[row:row + len(piece)] = piece
+
+        self.collect_stream(sink, method=method, start=start)
+        return out
+
+    def collect_stream(self, sink, method: str | None = None, start=None,
+                       piece_bytes: int | None = None) -> None:
+        """Bring the partitions' arrays to the driver in pieces of about ``piece_bytes``
+        (`COLLECT_PIECE_BYTES`): ``start(layouts)`` receives every partition's
+        ``{name: (shape, dtype)}``, then ``sink(k, name, first_row, piece)`` each piece (one
+        piece per partition in flight: a worker copies at most one piece at a time, so a
+        partition sized near its worker's memory limit is collected without a peak).  A
+        worker lost meanwhile raises `WorkerLostError`, as in a round."""
+        piece_bytes = piece_bytes or COLLECT_PIECE_BYTES
         self._settle_inbox()
-        return self._results(self._issue([(a, "collect", ()) for a in self.actors]))
+        layouts = self._results(self._issue([(a, "collect_layout", (method,))
+                                             for a in self.actors]))
+        if start is not None:
+            start(layouts)
+        queues = []
+        for lay in layouts:
+            q = deque()
+            for name, (shape, dtype) in lay.items():
+                if len(shape) == 0:
+                    q.append((name, 0, 1))
+                    continue
+                row = max(1, int(np.dtype(dtype).itemsize * math.prod(shape[1:])))
+                step = max(1, piece_bytes // row)
+                for s in range(0, shape[0], step):
+                    q.append((name, s, min(s + step, shape[0])))
+            queues.append(q)
+        while any(queues):
+            wave = [(k, q.popleft()) for k, q in enumerate(queues) if q]
+            pieces = self._results(self._issue([(self.actors[k], "collect_piece", p)
+                                                for k, p in wave]))
+            for (k, (name, s, _)), piece in zip(wave, pieces):
+                sink(k, name, s, piece)
+        self._results(self._issue([(a, "collect_end", ()) for a in self.actors]))
 
     def call_all(self, method, *args) -> list:
         self._settle_inbox()

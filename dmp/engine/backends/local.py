@@ -61,8 +61,22 @@ class LocalBackend:
         for k, (w, p) in enumerate(zip(self.workers, paths)):
             w.restore(p, None if manifests is None else manifests[k])
 
-    def collect_all(self) -> list[dict]:
-        return [w.collect() for w in self.workers]
+    def collect_all(self, method: str | None = None) -> list[dict]:
+        if method is None:
+            return [w.collect() for w in self.workers]
+        return [getattr(w.program, method)(w.state) for w in self.workers]
+
+    def collect_stream(self, sink, method: str | None = None, start=None,
+                       piece_bytes: int | None = None) -> None:
+        """As `DaskBackend.collect_stream`; in process every array is one piece (a view)."""
+        import numpy as np
+
+        arrays = [{k: np.asarray(v) for k, v in a.items()} for a in self.collect_all(method)]
+        if start is not None:
+            start([{k: (v.shape, v.dtype.str) for k, v in a.items()} for a in arrays])
+        for k, a in enumerate(arrays):
+            for name, v in a.items():
+                sink(k, name, 0, v)
 
     def call_all(self, method, *args) -> list:
         return [w.call(method, *args) for w in self.workers]
