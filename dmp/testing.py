@@ -24,7 +24,7 @@ import time
 import weakref
 
 __all__ = ["EmulatedCluster", "CgroupsUnavailable", "emulation_unavailable",
-           "remove_stale_cgroups"]
+           "remove_stale_cgroups", "spin"]
 
 #: the CFS period of every cgroup; the quota is ``cpu`` times it.  A short period keeps a
 #: confined process's bursts short (it runs at most ``q x 10 ms`` before it is throttled).
@@ -333,6 +333,29 @@ def _format_cores(n_workers, cpu, driver_cpu, scheduler_cpu) -> str:
     return " + ".join(parts)
 
 
+def _driver_path() -> list[str]:
+    """The driver's import path for the children, as LocalCluster's spawned workers get it:
+    the scheduler and the workers unpickle functions of dmp and of the driver's modules."""
+    import dmp
+
+    paths = [os.path.dirname(os.path.dirname(os.path.abspath(dmp.__file__)))]
+    prefixes = tuple(os.path.abspath(p) + os.sep for p in {sys.prefix, sys.base_prefix})
+    for p in sys.path + os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        p = os.path.abspath(p) if p else os.getcwd()
+        if os.path.isdir(p) and not p.startswith(prefixes) and p not in paths:
+            paths.append(p)
+    return paths
+
+
+def spin(seconds: float) -> tuple[float, float]:
+    """Busy-loop for ``seconds`` of wall time; returns (this process's CPU seconds, wall
+    seconds) over the loop."""
+    w0, c0 = time.monotonic(), time.process_time()
+    while time.monotonic() - w0 < seconds:
+        pass
+    return time.process_time() - c0, time.monotonic() - w0
+
+
 def _machine_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -434,6 +457,14 @@ class EmulatedCluster:
                 raise ValueError(f"{name} must be a positive number of cores, got {value!r}")
         if cpu is None:
             raise ValueError("cpu must be a positive number of cores, got None")
+        if memory_limit is not None:
+            from dask.utils import parse_bytes
+
+            try:
+                parse_bytes(memory_limit)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"memory_limit must be a size such as '1GiB' or a number "
+                                 f"of bytes, got {memory_limit!r}") from e
         self.n_workers = int(n_workers)
         self.cpu = float(cpu)
         self.memory_limit = memory_limit
@@ -570,12 +601,7 @@ class EmulatedCluster:
 
     def _spawn(self, role: str, args: list[str]) -> None:
         env = dict(os.environ)
-        # the workers unpickle dmp's functions: the same dmp as the driver's
-        import dmp
-
-        root = os.path.dirname(os.path.dirname(os.path.abspath(dmp.__file__)))
-        env["PYTHONPATH"] = os.pathsep.join(
-            [root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        env["PYTHONPATH"] = os.pathsep.join(_driver_path())
         log = open(os.path.join(self._tmp, f"{role}.log"), "wb")
         try:
             self._procs[role] = subprocess.Popen(
@@ -673,6 +699,27 @@ class EmulatedCluster:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
         return problems
+
+    def cpu_share(self, worker: str = "w0", seconds: float = 2.0) -> float:
+        """Spin on one worker for ``seconds`` of wall time and return the CPU seconds its
+        process got per wall second: at most ``cpu`` (less on a busy machine).
+
+        Parameters
+        ----------
+        worker : str, default "w0"
+            The worker's name.
+        seconds : float, default 2.0
+            Wall time to spin.
+        """
+        if self.client is None:
+            raise RuntimeError("the EmulatedCluster is not started")
+        names = {str(w["name"]): addr for addr, w in
+                 self.client.scheduler_info(n_workers=-1)["workers"].items()}
+        if worker not in names:
+            raise ValueError(f"no worker named {worker!r}; the cluster has {sorted(names)}")
+        cpu, wall = self.client.submit(spin, seconds, workers=[names[worker]],
+                                       pure=False).result()
+        return cpu / wall
 
     def __repr__(self):
         state = self.scheduler_address or "not started"
