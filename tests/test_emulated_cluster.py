@@ -131,21 +131,21 @@ def test_v1_cpu_mount_wins_and_missing_controller_is_named(tmp_path):
 
 
 @pytest.fixture(scope="class")
-def emulated3():
+def lasso_reference():
+    # fitted before the cluster confines this process (emulated3 asks for it first); it
+    # also compiles the cached kernels the workers then load
+    X, y, kw = _lasso_problem()
+    return Lasso(backend="local", **kw).fit(X, y)
+
+
+@pytest.fixture(scope="class")
+def emulated3(lasso_reference):
     """One cluster for the class below (it starts in seconds on an idle machine, tens on a
     busy one), closed before the cleanup tests start their own."""
     _require_cgroups()
     with EmulatedCluster(n_workers=3, cpu=Q, memory_limit="1GiB", driver_cpu=DRIVER,
                          scheduler_cpu=0.3) as cluster:
         yield cluster
-
-
-@pytest.fixture(scope="class")
-def lasso_reference():
-    # fitted before the cluster confines this process (it also compiles the cached kernels
-    # the workers then load)
-    X, y, kw = _lasso_problem()
-    return Lasso(backend="local", **kw).fit(X, y)
 
 
 class TestOnThreeEmulatedWorkers:
