@@ -600,8 +600,13 @@ class EmulatedCluster:
             hier.add(self.cgroups["driver"], os.getpid())
 
     def _spawn(self, role: str, args: list[str]) -> None:
+        import dask.config
+
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(_driver_path())
+        # the driver's Dask settings (dask.config.set included), as a LocalCluster's
+        # workers get them from their in-process nannies
+        env["DASK_INTERNAL_INHERIT_CONFIG"] = dask.config.serialize(dask.config.config)
         log = open(os.path.join(self._tmp, f"{role}.log"), "wb")
         try:
             self._procs[role] = subprocess.Popen(
@@ -661,8 +666,13 @@ class EmulatedCluster:
         problems = []
         hier = self.hierarchy
         if self._driver_home is not None:
+            # with the driver, any process it started while confined (they are its own)
             try:
-                hier.add(self._driver_home, os.getpid())
+                for pid in [os.getpid()] + hier.procs(self.cgroups["driver"]):
+                    try:
+                        hier.add(self._driver_home, pid)
+                    except ProcessLookupError:
+                        pass
                 self._driver_home = None
             except OSError as e:
                 problems.append(f"the driver could not move back to {self._driver_home}: {e}")

@@ -7,6 +7,7 @@ reason where those are absent, unless ``DMP_REQUIRE_CGROUPS=1`` (CI), which fail
 
 import os
 import signal
+import subprocess
 import time
 import warnings
 
@@ -159,6 +160,13 @@ class TestOnThreeEmulatedWorkers:
         pid = client.run(os.getpid, workers=[addr])[addr]
         assert pid in emulated3.hierarchy.procs(emulated3.cgroups["w0"])
 
+    def test_workers_get_the_drivers_dask_config(self, emulated3):
+        import dask
+
+        key = "distributed.deploy.lost-worker-timeout"   # set for the session in conftest
+        got = emulated3.client.run(dask.config.get, key)
+        assert set(got.values()) == {dask.config.get(key)} and len(got) == 3
+
     def test_the_driver_is_confined_while_the_cluster_is_open(self, emulated3):
         assert _own_cpu_cgroup() == emulated3.cgroups["driver"]
         cpu, wall = spin(1.0)
@@ -231,6 +239,8 @@ def test_nothing_is_left_behind_after_an_exception(how):
             seen["pids"] = [p for r, g in cluster.cgroups.items() if r != "driver"
                             for p in cluster.hierarchy.procs(g)]
             assert _own_cpu_cgroup() == cluster.cgroups["driver"]
+            # the driver's own child: confined with it, moved back with it, left running
+            seen["child"] = subprocess.Popen(["sleep", "60"])
             if how == "exception":
                 raise RuntimeError("boom")
             os.kill(os.getpid(), signal.SIGINT)
@@ -240,6 +250,13 @@ def test_nothing_is_left_behind_after_an_exception(how):
     assert not [g for g in seen["groups"].values() if os.path.exists(g)]
     assert _ours() == []
     assert _own_cpu_cgroup() == home
+    child = seen["child"]
+    try:
+        assert child.poll() is None
+        assert child.pid in _find_hierarchy().procs(home)
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_rejects_a_bad_memory_limit():
@@ -261,7 +278,6 @@ def test_a_failed_start_leaves_nothing_behind():
 def test_a_killed_drivers_cgroups_are_removed_as_stale(tmp_path):
     """A driver SIGKILLed inside its ``with``: its children get SIGTERM from the kernel, the
     next start (or remove_stale_cgroups) removes its cgroups."""
-    import subprocess
     import sys
 
     _require_cgroups()
