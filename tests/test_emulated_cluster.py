@@ -160,12 +160,15 @@ class TestOnThreeEmulatedWorkers:
         pid = client.run(os.getpid, workers=[addr])[addr]
         assert pid in emulated3.hierarchy.procs(emulated3.cgroups["w0"])
 
-    def test_workers_get_the_drivers_dask_config(self, emulated3):
+    def test_workers_get_the_drivers_dask_config_and_quiet_housekeeping(self, emulated3):
         import dask
 
         key = "distributed.deploy.lost-worker-timeout"   # set for the session in conftest
         got = emulated3.client.run(dask.config.get, key)
         assert set(got.values()) == {dask.config.get(key)} and len(got) == 3
+        # with dmp's quieter housekeeping over them (an idle worker takes 0.01 core, not 0.04)
+        got = emulated3.client.run(dask.config.get, "distributed.admin.tick.interval")
+        assert set(got.values()) == {"200ms"}
 
     def test_the_driver_is_confined_while_the_cluster_is_open(self, emulated3):
         assert _own_cpu_cgroup() == emulated3.cgroups["driver"]
