@@ -94,9 +94,21 @@ class _Hierarchy:
                     f"`echo +cpu > {self.mount}/cgroup.subtree_control` as root")
             d = os.path.dirname(d)
 
-    def prepare_parent(self, parent: str) -> None:
-        if self.version == 2:
+    def prepare_parent(self, parent: str, n_groups: int) -> None:
+        """Enable ``cpu`` for the parent's children (v2) and weigh the parent like
+        ``n_groups`` ordinary processes.
+
+        CFS shares a busy machine among the entities at each level: the parent, holding all
+        the cluster's processes, would otherwise get what one process gets, and ``P``
+        emulated machines would get the CPU of one where other work competes for it.  With
+        this weight each confined process competes like the unconfined process it stands
+        for (no more); the quotas still cap each one.
+        """
+        if self.version == 1:
+            _write(os.path.join(parent, "cpu.shares"), str(min(262_144, 1024 * n_groups)))
+        else:
             _write(os.path.join(parent, "cgroup.subtree_control"), "+cpu")
+            _write(os.path.join(parent, "cpu.weight"), str(min(10_000, 100 * n_groups)))
 
     def set_cpu(self, path: str, cores: float | None) -> None:
         if cores is None:
@@ -560,7 +572,7 @@ class EmulatedCluster:
             roles["driver"] = self.driver_cpu
         roles.update({f"w{k}": self.cpu for k in range(self.n_workers)})
         try:
-            hier.prepare_parent(parent)
+            hier.prepare_parent(parent, len(roles))
             for role, cores in roles.items():
                 path = os.path.join(parent, role)
                 os.mkdir(path)
@@ -608,14 +620,19 @@ class EmulatedCluster:
 
         self.client = Client(self.scheduler_address, timeout=max(self.timeout, 1),
                              set_as_default=False)
-        while len(self.client.scheduler_info(n_workers=-1)["workers"]) < self.n_workers:
+        while True:
+            up = {str(w["name"]) for w in
+                  self.client.scheduler_info(n_workers=-1)["workers"].values()}
+            missing = [f"w{k}" for k in range(self.n_workers) if f"w{k}" not in up]
+            if not missing:
+                break
             for role in self._procs:
                 self._check_alive(role)
             if time.monotonic() > deadline:
-                n_up = len(self.client.scheduler_info(n_workers=-1)["workers"])
                 raise TimeoutError(
-                    f"only {n_up} of {self.n_workers} emulated workers started within "
-                    f"{self.timeout:g} s{self._log_tail('w0')}")
+                    f"only {self.n_workers - len(missing)} of {self.n_workers} emulated "
+                    f"workers started within {self.timeout:g} s (missing "
+                    f"{', '.join(missing)}){self._log_tail(missing[0])}")
             time.sleep(0.1)
         if self.driver_cpu is not None:
             self._driver_home = hier.own

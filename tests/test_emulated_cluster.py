@@ -111,6 +111,12 @@ def test_cgroup_v2_is_detected_and_written(tmp_path):
     h.set_cpu(str(g), 0.05)       # under the kernel's 1 ms minimum quota: a longer period
     assert (g / "cpu.max").read_text() == "1000 20000"
     assert h.quota_cores(str(g)) == pytest.approx(0.05)
+    # the cluster's parent: cpu for its children, weighed like its 5 processes
+    for f in ("cgroup.subtree_control", "cpu.weight"):
+        (g / f).write_text("")
+    h.prepare_parent(str(g), 5)
+    assert ((g / "cgroup.subtree_control").read_text(), (g / "cpu.weight").read_text()) == \
+        ("+cpu", "500")
 
 
 def test_v1_cpu_mount_wins_and_missing_controller_is_named(tmp_path):
@@ -159,6 +165,11 @@ class TestOnThreeEmulatedWorkers:
         addr = _workers(client)["w0"]
         pid = client.run(os.getpid, workers=[addr])[addr]
         assert pid in emulated3.hierarchy.procs(emulated3.cgroups["w0"])
+        # on a busy machine the cluster's 5 processes compete like 5 processes, not one
+        if emulated3.hierarchy.version == 1:
+            parent = os.path.dirname(emulated3.cgroups["w0"])
+            with open(os.path.join(parent, "cpu.shares")) as f:
+                assert int(f.read()) == 5 * 1024
 
     def test_workers_get_the_drivers_dask_config_and_quiet_housekeeping(self, emulated3):
         import dask
