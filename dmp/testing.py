@@ -249,7 +249,9 @@ def remove_stale_cgroups(hierarchy: _Hierarchy | None = None) -> list[str]:
     no longer exists, e.g. one SIGKILLed inside its ``with`` block.
 
     Returns the cgroup directories removed.  Clusters of live processes are left alone.
+    Their temporary folders (logs, the workers' local directories) are removed too.
     """
+    _remove_stale_folders()
     hier = hierarchy or _find_hierarchy()
     try:
         base = hier.base()
@@ -258,13 +260,8 @@ def remove_stale_cgroups(hierarchy: _Hierarchy | None = None) -> list[str]:
         return []
     removed = []
     for name in names:
-        if not name.startswith(_PREFIX):
-            continue
-        try:
-            owner = int(name[len(_PREFIX):].split("-")[0])
-        except ValueError:
-            continue
-        if _pid_alive(owner):
+        owner = _owner(name)
+        if owner is None or _pid_alive(owner):
             continue
         parent = os.path.join(base, name)
         try:
@@ -276,6 +273,25 @@ def remove_stale_cgroups(hierarchy: _Hierarchy | None = None) -> list[str]:
         except OSError:
             pass
     return removed
+
+
+def _owner(name: str) -> int | None:
+    try:
+        return int(name[len(_PREFIX):].split("-")[0]) if name.startswith(_PREFIX) else None
+    except ValueError:
+        return None
+
+
+def _remove_stale_folders() -> None:
+    tmp = tempfile.gettempdir()
+    try:
+        names = os.listdir(tmp)
+    except OSError:
+        return
+    for name in names:
+        owner = _owner(name)
+        if owner is not None and not _pid_alive(owner):
+            shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
 
 
 def emulation_unavailable() -> str | None:

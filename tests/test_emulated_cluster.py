@@ -307,3 +307,7 @@ def test_a_killed_drivers_cgroups_are_removed_as_stale(tmp_path):
     assert os.path.isdir(parent)
     removed = remove_stale_cgroups()
     assert parent in removed and not os.path.exists(parent)
+    import tempfile
+
+    assert not [n for n in os.listdir(tempfile.gettempdir())
+                if n.startswith(f"dmp-emulated-{pid}-")]
