@@ -46,7 +46,8 @@ def _objective(X, y, est, alpha):
 
 
 def _workers(client):
-    return {str(w["name"]): addr for addr, w in client.scheduler_info(n_workers=-1)["workers"].items()}
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    return {str(w["name"]): addr for addr, w in info.items()}
 
 
 def _own_cpu_cgroup():
@@ -86,6 +87,21 @@ def test_exactly_the_machine_is_accepted():
 def test_rejects_a_nonpositive_cpu(bad):
     with pytest.raises(ValueError, match="cpu must be a positive number of cores"):
         EmulatedCluster(n_workers=1, cpu=bad)
+
+
+def test_refuses_when_cgroups_cannot_be_written(monkeypatch):
+    """A cpu hierarchy whose directory refuses new cgroups (as /sys/fs/cgroup/cpu does for a
+    user who is not root; /sys/kernel refuses even root)."""
+    import dmp.testing
+
+    unwritable = dmp.testing._Hierarchy(1, "/sys/kernel", "/sys/kernel")
+    monkeypatch.setattr(dmp.testing, "_find_hierarchy", lambda: unwritable)
+    reason = emulation_unavailable()
+    assert reason.startswith("cannot write the cgroup /sys/kernel/dmp-emulated-")
+    with pytest.raises(CgroupsUnavailable, match=r"cannot write the cgroup /sys/kernel/"
+                                                 r"dmp-emulated-\d+-\d+: Operation not "
+                                                 r"permitted"):
+        EmulatedCluster(n_workers=1, cpu=0.2).start()
 
 
 def test_cgroup_v2_is_detected_and_written(tmp_path):
