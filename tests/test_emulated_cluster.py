@@ -202,6 +202,7 @@ class TestOnThreeEmulatedWorkers:
         cpu, wall = spin(1.0)
         assert cpu / wall <= 1.1 * DRIVER, (cpu, wall)
 
+    @pytest.mark.slow      # the first fit: the workers import dmp and load its kernels
     def test_lasso_on_three_emulated_workers_equals_in_process(self, emulated3,
                                                                lasso_reference):
         X, y, kw = _lasso_problem()
