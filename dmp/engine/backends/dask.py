@@ -230,6 +230,19 @@ def _pause_fraction(client, address):
         return None
 
 
+def _executing(client, address, key) -> bool:
+    """Whether the worker at ``address`` is running task ``key`` now (a worker pauses new
+    tasks only: one that paused while it loads a partition finishes loading it)."""
+    def state(dask_worker, key=key):
+        ts = dask_worker.state.tasks.get(key)
+        return None if ts is None else ts.state
+
+    try:
+        return client.run(state, workers=[address]).get(address) == "executing"
+    except Exception:  # noqa: BLE001 - unknown: count the pause
+        return False
+
+
 def paused_worker_error(client, address, info, waited) -> WorkerPausedError:
     """The `WorkerPausedError` for the worker at ``address`` (its scheduler identity
     ``info``), paused for ``waited`` seconds."""
@@ -442,7 +455,8 @@ class DaskBackend:
                         raise WorkerLostError(f"worker(s) {sorted(gone)} left while loading "
                                               f"partitions") from None
                     info = workers.get(target) or {}
-                    if info.get("status") == "paused":
+                    if info.get("status") == "paused" and not _executing(self.client, target,
+                                                                          fut.key):
                         now = time.monotonic()
                         paused_since = now if paused_since is None else paused_since
                         if now - paused_since >= limit:
