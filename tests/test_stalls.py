@@ -340,3 +340,16 @@ def test_dmp_run_prints_a_model_too_big_for_the_workers_as_one_line(tmp_path):
     assert proc.returncode == 1 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("dmp: error: the model does not fit the workers' memory"), lines
     assert not (tmp_path / "run").exists()
+
+
+def test_the_pause_wait_is_a_dask_setting():
+    import dask
+
+    from dmp.engine.backends.dask import pause_timeout
+
+    assert pause_timeout() == 30.0
+    with dask.config.set({"dmp.worker-pause-timeout": "2m"}):
+        assert pause_timeout() == 120.0
+    with dask.config.set({"dmp.worker-pause-timeout": "soon"}):
+        with pytest.raises(ValueError, match="dmp.worker-pause-timeout must be a duration"):
+            pause_timeout()

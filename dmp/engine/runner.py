@@ -223,6 +223,7 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
     if store is not None and not resume and store.latest() is not None:
         raise FileExistsError(f"checkpoint location {store.path!r} already holds a checkpoint; "
                               f"pass resume=True to continue it or choose a new location")
+
     def scheduler_lost(exc: SchedulerLostError, round: int) -> SchedulerLostError:
         """``exc`` with the round the fit reached and what resumes it."""
         ckpt_round = None
@@ -241,11 +242,10 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
         else:
             hint = ("the fit had no checkpoint location (pass checkpoint=... to make it "
                     "resumable): fit again on a running cluster")
-        err = SchedulerLostError(f"{exc.args[0] if exc.args else exc} at round {round}; "
-                                 f"{hint}", address=exc.address, round=round,
-                                 checkpoint=None if store is None else store.path,
-                                 checkpoint_round=ckpt_round)
-        return err
+        return SchedulerLostError(f"{exc.args[0] if exc.args else exc} at round {round}; "
+                                  f"{hint}", address=exc.address, round=round,
+                                  checkpoint=None if store is None else store.path,
+                                  checkpoint_round=ckpt_round)
 
     def reached() -> int:
         """The next round to complete."""

@@ -209,13 +209,17 @@ IDENTITY_POLL_TIMEOUT_S = 5.0
 
 def pause_timeout() -> float:
     """Seconds a fit waits for a paused worker (Dask setting ``dmp.worker-pause-timeout``,
-    e.g. ``dask.config.set({"dmp.worker-pause-timeout": "2min"})`` or the environment
-    variable ``DASK_DMP__WORKER_PAUSE_TIMEOUT=2min``; 30 s by default)."""
+    e.g. ``dask.config.set({"dmp.worker-pause-timeout": "2m"})`` or the environment
+    variable ``DASK_DMP__WORKER_PAUSE_TIMEOUT=2m``; 30 s by default)."""
     import dask
     from dask.utils import parse_timedelta
 
-    return float(parse_timedelta(dask.config.get(PAUSE_TIMEOUT_KEY, PAUSE_TIMEOUT_DEFAULT),
-                                 default="s"))
+    value = dask.config.get(PAUSE_TIMEOUT_KEY, PAUSE_TIMEOUT_DEFAULT)
+    try:
+        return float(parse_timedelta(value, default="s"))
+    except (KeyError, ValueError, TypeError):
+        raise ValueError(f"Dask setting {PAUSE_TIMEOUT_KEY} must be a duration such as "
+                         f"'30s' or '2m', got {value!r}") from None
 
 
 def _pause_fraction(client, address):
