@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import errno
 import logging
 import sys
@@ -413,7 +414,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line(exc) -> str:
+    return " ".join(str(exc).split())
+
+
+def _scheduler_lost_line(exc, argv) -> str:
+    """What `dmp run` prints when the scheduler went away: the round, and the command that
+    continues the run from its checkpoints (or runs it again when there are none)."""
+    import shlex
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] != ["run"] or exc.address is None:
+        return _one_line(exc)
+    where = f"the Dask scheduler at {exc.address} was lost" + (
+        f" at round {exc.round}" if exc.round is not None else "")
+    if exc.checkpoint_round is not None:
+        again = argv if "--resume" in argv else [*argv, "--resume"]
+        return (f"{where}; its checkpoints remain (round {exc.checkpoint_round} in "
+                f"{exc.checkpoint}): start the cluster again and continue with: "
+                f"dmp {shlex.join(again)}")
+    return (f"{where}, before its first checkpoint; start the cluster again and rerun: "
+            f"dmp {shlex.join(argv)}")
+
+
 def main(argv=None) -> int:
+    from .exceptions import DMPError, SchedulerLostError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2),
@@ -424,15 +450,28 @@ def main(argv=None) -> int:
         quiet = ("distributed", "bokeh", "tornado")
 
         def keep(record):
+            if (record.name.startswith(quiet) and record.exc_info
+                    and isinstance(record.exc_info[1], asyncio.CancelledError)):
+                # a client closed while it tries to reach a lost scheduler again logs the
+                # cancelled attempt as an error (the run's own error says what happened)
+                return False
             return record.levelno >= logging.WARNING or not record.name.startswith(quiet)
 
         for handler in logging.getLogger().handlers:
             handler.addFilter(keep)
     try:
         return args.func(args)
+    except SchedulerLostError as exc:
+        print(f"dmp: error: {_scheduler_lost_line(exc, argv)}", file=sys.stderr)
+        return 1
     except (ValueError, FileNotFoundError, FileExistsError, ConnectionError) as exc:
         print(f"dmp: error: {exc}", file=sys.stderr)
         return 2
+    except DMPError as exc:
+        # dmp's named errors of a fit (worker losses it gave up on, a model too big for
+        # the workers, a paused worker): one line, not a traceback
+        print(f"dmp: error: {_one_line(exc)}", file=sys.stderr)
+        return 1
     except OSError as exc:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
             raise

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..exceptions import CheckpointError, CheckpointWarning
+from ..exceptions import CheckpointError, CheckpointWarning, RecoveryError, SchedulerLostError
 from .backends.base import WorkerLostError
 from .checkpoint import CheckpointStore, expected_nbytes
 from .comm import payload_nbytes
@@ -242,20 +242,51 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
                 retries.append(str(again))
                 logger.warning("worker lost during the recovery (%s); starting it over", again)
                 if len(retries) > max_recoveries:
-                    raise RuntimeError(f"gave up after {max_recoveries} failed attempts to "
-                                       f"recover from a worker loss") from again
+                    raise RecoveryError(f"gave up after {max_recoveries} failed attempts to "
+                                        f"recover from a worker loss ({again})") from again
 
     if store is not None and not resume and store.latest() is not None:
         raise FileExistsError(f"checkpoint location {store.path!r} already holds a checkpoint; "
                               f"pass resume=True to continue it or choose a new location")
+
+    def scheduler_lost(exc: SchedulerLostError, round: int) -> SchedulerLostError:
+        """``exc`` with the round the fit reached and what resumes it."""
+        ckpt_round = None
+        if store is not None:
+            try:
+                ckpt_round = store.latest()
+            except Exception:  # noqa: BLE001 - the hint is best-effort
+                ckpt_round = None
+        if ckpt_round is not None:
+            hint = (f"the checkpoint of round {ckpt_round} in {store.path!r} remains: fit "
+                    f"again with resume=True (the same checkpoint location) on a running "
+                    f"cluster to continue from it")
+        elif store is not None:
+            hint = (f"no checkpoint was complete yet in {store.path!r}: fit again on a "
+                    f"running cluster")
+        else:
+            hint = ("the fit had no checkpoint location (pass checkpoint=... to make it "
+                    "resumable): fit again on a running cluster")
+        return SchedulerLostError(f"{exc.args[0] if exc.args else exc} at round {round}; "
+                                  f"{hint}", address=exc.address, round=round,
+                                  checkpoint=None if store is None else store.path,
+                                  checkpoint_round=ckpt_round)
+
+    def reached() -> int:
+        """The next round to complete."""
+        return history[-1]["round"] + 1 if history else 0
+
     events = FitEvents(backend, program, desc=desc, params=params, max_iter=max_iter)
     try:
-        round_ = restore_or_init(True)
-    except WorkerLostError as exc:   # lost while the partitions were being created
-        recoveries.append({"round": 0, "error": str(exc), "time": 0.0})
-        logger.warning("worker lost while starting (%s); recovering", exc)
-        round_ = recover()
-        recoveries[-1]["resumed_round"] = round_
+        try:
+            round_ = restore_or_init(True)
+        except WorkerLostError as exc:   # lost while the partitions were being created
+            recoveries.append({"round": 0, "error": str(exc), "time": 0.0})
+            logger.warning("worker lost while starting (%s); recovering", exc)
+            round_ = recover()
+            recoveries[-1]["resumed_round"] = round_
+    except SchedulerLostError as exc:
+        raise scheduler_lost(exc, reached()) from exc
     events.start()
     status = "error"
     bar = _progress_bar(show_progress, max_iter, desc)
@@ -435,7 +466,8 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
                 logger.warning("worker lost at round %d (%s); recovering", round_, exc)
                 events.worker_lost(round_, str(exc))
                 if len(recoveries) > max_recoveries:
-                    raise RuntimeError(f"gave up after {max_recoveries} worker losses") from exc
+                    raise RecoveryError(f"gave up after {max_recoveries} worker losses (the "
+                                        f"last: {exc})") from exc
                 converged = stopped = False
                 round_ = recover()
                 if finished is not None:
@@ -446,6 +478,8 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
                 recoveries[-1]["resumed_round"] = round_
                 events.recovered(round_)
                 offset = history[-1]["time"] if history else 0.0
+    except SchedulerLostError as exc:
+        raise scheduler_lost(exc, reached()) from exc
     finally:
         if bar is not None:
             bar.close()

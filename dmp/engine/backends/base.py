@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 
-class WorkerLostError(RuntimeError):
-    """A worker holding a partition died (its state is gone; the runner recovers)."""
-
-
-class InsufficientMemoryError(MemoryError):
-    """The model's partitions do not fit the workers' memory limits (raised before any
-    partition is created, instead of the nanny killing workers mid-fit)."""
+# named errors of dmp.exceptions (DMPError subclasses), imported from here before they moved
+from ...exceptions import InsufficientMemoryError, WorkerLostError  # noqa: F401
 
 
 def active_client():

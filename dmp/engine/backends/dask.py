@@ -16,6 +16,7 @@ import numpy as np
 
 from ..program import update_for
 from ..worker import ActorPartitionWorker, guard
+from ...exceptions import RecoveryError, SchedulerLostError, WorkerPausedError
 from ...utils.text import plural
 from .base import InsufficientMemoryError, WorkerLostError
 
@@ -177,11 +178,44 @@ def quiet_local_cluster(n_workers: int, **kwargs):
 _LOST_MARKERS = ("lost", "closed", "connection", "timed out", "no valid worker", "not found")
 
 
+#: client states after its connection to the scheduler broke (distributed's Client.status)
+_SCHEDULER_GONE = ("connecting", "closing", "closed")
+
+
+def _scheduler_address(client) -> str:
+    try:
+        return str(client.scheduler.address)
+    except Exception:  # noqa: BLE001 - a closed client may have no scheduler rpc left
+        return "(unknown address)"
+
+
+def scheduler_lost(client, address=None) -> SchedulerLostError | None:
+    """A `SchedulerLostError` when ``client`` lost its scheduler, else None.  The client
+    notices at once when the scheduler's connection closes (it then cancels every future and
+    tries to reconnect for its ``timeout``); asking the scheduler instead would wait for that
+    reconnection, or for ``distributed.comm.timeouts.connect``, before failing."""
+    if getattr(client, "status", "running") not in _SCHEDULER_GONE:
+        return None
+    address = address or _scheduler_address(client)
+    return SchedulerLostError(f"the Dask scheduler at {address} was lost (its connection "
+                              f"closed; client status {client.status!r})", address=address)
+
+
 def _identity_workers(client) -> dict:
     """The scheduler's ``{address: worker info}``, asked directly: ``Client.scheduler_info()``
     returns a cached identity that the client's periodic refresh (which omits workers) can
-    overwrite between the fetch and the read, so it is sometimes empty on a loaded machine."""
-    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+    overwrite between the fetch and the read, so it is sometimes empty on a loaded machine.
+    Raises `SchedulerLostError` when the scheduler is gone."""
+    lost = scheduler_lost(client)
+    if lost is not None:
+        raise lost
+    try:
+        return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+    except Exception as exc:
+        lost = scheduler_lost(client)
+        if lost is not None:
+            raise lost from exc
+        raise
 
 
 def cluster_workers(client) -> dict:
@@ -191,6 +225,72 @@ def cluster_workers(client) -> dict:
 
 #: seconds between two checks, while partitions load, that their workers are still there
 CREATE_POLL_S = 0.5
+#: Dask setting: how long the fit waits for a paused worker (memory above
+#: ``distributed.worker.memory.pause``) it needs before it raises `WorkerPausedError`
+PAUSE_TIMEOUT_KEY = "dmp.worker-pause-timeout"
+PAUSE_TIMEOUT_DEFAULT = "30s"
+#: longest wait for the scheduler's answer to one check of the workers during a round (a
+#: slow answer only skips that check)
+IDENTITY_POLL_TIMEOUT_S = 5.0
+
+
+def pause_timeout() -> float:
+    """Seconds a fit waits for a paused worker (Dask setting ``dmp.worker-pause-timeout``,
+    e.g. ``dask.config.set({"dmp.worker-pause-timeout": "2m"})`` or the environment
+    variable ``DASK_DMP__WORKER_PAUSE_TIMEOUT=2m``; 30 s by default)."""
+    import dask
+    from dask.utils import parse_timedelta
+
+    value = dask.config.get(PAUSE_TIMEOUT_KEY, PAUSE_TIMEOUT_DEFAULT)
+    try:
+        return float(parse_timedelta(value, default="s"))
+    except (KeyError, ValueError, TypeError):
+        raise ValueError(f"Dask setting {PAUSE_TIMEOUT_KEY} must be a duration such as "
+                         f"'30s' or '2m', got {value!r}") from None
+
+
+def _pause_fraction(client, address):
+    """The pause threshold (a fraction of the memory limit) of the worker at ``address``,
+    or None when it cannot be asked."""
+    def frac(dask_worker):
+        return dask_worker.memory_manager.memory_pause_fraction
+
+    try:
+        return client.run(frac, workers=[address]).get(address)
+    except Exception:  # noqa: BLE001 - only for the message
+        return None
+
+
+def _executing(client, address, key) -> bool:
+    """Whether the worker at ``address`` is running task ``key`` now (a worker pauses new
+    tasks only: one that paused while it loads a partition finishes loading it)."""
+    def state(dask_worker, key=key):
+        ts = dask_worker.state.tasks.get(key)
+        return None if ts is None else ts.state
+
+    try:
+        return client.run(state, workers=[address]).get(address) == "executing"
+    except Exception:  # noqa: BLE001 - unknown: count the pause
+        return False
+
+
+def paused_worker_error(client, address, info, waited) -> WorkerPausedError:
+    """The `WorkerPausedError` for the worker at ``address`` (its scheduler identity
+    ``info``), paused for ``waited`` seconds."""
+    name = info.get("name", address)
+    memory = int((info.get("metrics") or {}).get("memory") or 0)
+    limit = int(info.get("memory_limit") or 0)
+    frac = _pause_fraction(client, address)
+    used = (f"its process uses {_mib(memory)} of its {_mib(limit)} memory limit "
+            f"({memory / limit:.0%})" if limit else f"its process uses {_mib(memory)}")
+    threshold = (f"Dask's pause threshold of {frac:.0%} (distributed.worker.memory.pause)"
+                 if frac else "Dask's pause threshold (distributed.worker.memory.pause)")
+    return WorkerPausedError(
+        f"Dask worker {name!r} ({address}) has been paused for {waited:.0f} s: {used}, above "
+        f"{threshold}, and a paused worker runs no new task, so the fit's partitions cannot "
+        f"be placed on it. Give each worker more memory (a larger memory_limit), use more "
+        f"workers so each holds less, or free that worker's memory (client.restart()); the "
+        f"fit waits for a paused worker for {PAUSE_TIMEOUT_KEY} ({pause_timeout():g} s)")
 
 
 #: resident memory of a worker before it holds a partition: Python, numpy/scipy, Dask, Numba
@@ -299,6 +399,7 @@ class DaskBackend:
     def __init__(self, client, n_workers=None, replacement_timeout=20.0, call_timeout=None,
                  direct=True):
         self.client = client
+        self._scheduler_addr = _scheduler_address(client)
         self.direct = direct
         self._saved_direct = client.direct_to_workers
         self.replacement_timeout = replacement_timeout
@@ -363,22 +464,37 @@ class DaskBackend:
                 for k, spec in enumerate(specs)]
         self._futures = futs  # keep the actor futures alive (released by _release_actors)
         try:
-            self.actors = [self._await_partition(f, targets) for f in futs]
+            self.actors = [self._await_partition(f, targets, targets[k])
+                           for k, f in enumerate(futs)]
             if program.uses_ring:
                 self._results(self._issue([(a, "set_peers", (self.actors,))
                                            for a in self.actors]))
         except Exception as exc:
             for f in futs:
-                f.cancel()
-            if isinstance(exc, WorkerLostError):
+                try:
+                    f.cancel()
+                except Exception:  # noqa: BLE001 - a client without its scheduler
+                    pass
+            if isinstance(exc, (WorkerLostError, WorkerPausedError, SchedulerLostError)):
                 raise
+            self._raise_if_scheduler_lost(exc)
             if _is_worker_loss(exc):
                 raise WorkerLostError(f"a worker was lost while loading partitions: {exc}") from exc
             raise
 
-    def _await_partition(self, fut, targets):
+    def _raise_if_scheduler_lost(self, exc=None) -> None:
+        lost = scheduler_lost(self.client, self._scheduler_addr)
+        if lost is not None:
+            raise lost from exc
+
+    def _await_partition(self, fut, targets, target=None):
         """``fut.result()``, but a worker loss among ``targets`` while waiting raises
-        `WorkerLostError` instead of waiting forever."""
+        `WorkerLostError` instead of waiting forever, and ``target`` (the worker ``fut``
+        runs on) staying paused by Dask for `pause_timeout` raises `WorkerPausedError`: a
+        paused worker starts no task, and it may never unpause (its memory held by what
+        it ran before), while it does not leave the cluster either."""
+        limit = pause_timeout()
+        paused_since = None
         while True:
             try:
                 # the actor proxy binds to the current client as it is unpickled: without
@@ -388,10 +504,21 @@ class DaskBackend:
                     return fut.result(timeout=CREATE_POLL_S)
             except TimeoutError:
                 if not fut.done():
-                    gone = set(targets) - set(_identity_workers(self.client))
+                    workers = _identity_workers(self.client)
+                    gone = set(targets) - set(workers)
                     if gone:
                         raise WorkerLostError(f"worker(s) {sorted(gone)} left while loading "
                                               f"partitions") from None
+                    info = workers.get(target) or {}
+                    if info.get("status") == "paused" and not _executing(self.client, target,
+                                                                          fut.key):
+                        now = time.monotonic()
+                        paused_since = now if paused_since is None else paused_since
+                        if now - paused_since >= limit:
+                            raise paused_worker_error(self.client, target, info,
+                                                      now - paused_since) from None
+                    else:
+                        paused_since = None
                 continue
 
     def start(self, program, specs) -> None:
@@ -439,6 +566,7 @@ class DaskBackend:
         until a live worker carries each name the partitions were on, else re-deal them
         over the live workers."""
         self._release_actors()
+        self._raise_if_scheduler_lost()
         dead = self._unreachable(sorted(set(self._targets)))
         deadline = time.monotonic() + self.replacement_timeout
         want = set(map(str, self.placement)) or set(map(str, self._initial_names))
@@ -452,7 +580,7 @@ class DaskBackend:
             time.sleep(0.25)
             names = live_names()
         if not names:
-            raise RuntimeError("no Dask workers left to recover the fit on")
+            raise RecoveryError("no Dask workers left to recover the fit on")
         self._create(program, specs, names, exclude=dead)
 
     def expect_round(self, round: int) -> None:
@@ -467,6 +595,7 @@ class DaskBackend:
             try:
                 futs.append(getattr(actor, method)(*args))
             except Exception as exc:
+                self._raise_if_scheduler_lost(exc)
                 if _is_worker_loss(exc):
                     raise WorkerLostError(str(exc) or type(exc).__name__) from exc
                 raise
@@ -494,7 +623,14 @@ class DaskBackend:
                         if t.exception() is not None:
                             raise t.exception()
                     if pending and self._targets:
-                        info = await self.client.scheduler.identity(n_workers=-1)
+                        self._raise_if_scheduler_lost()
+                        try:
+                            info = await asyncio.wait_for(
+                                self.client.scheduler.identity(n_workers=-1),
+                                IDENTITY_POLL_TIMEOUT_S)
+                        except asyncio.TimeoutError:
+                            self._raise_if_scheduler_lost()
+                            continue   # a slow scheduler: check again next time
                         gone = set(self._targets) - set(info["workers"])
                         if gone:
                             raise WorkerLostError(f"worker(s) {sorted(gone)} left the cluster "
@@ -507,9 +643,10 @@ class DaskBackend:
 
         try:
             return list(self.client.sync(gather, callback_timeout=self.call_timeout))
-        except WorkerLostError:
+        except (WorkerLostError, SchedulerLostError):
             raise
         except Exception as exc:
+            self._raise_if_scheduler_lost(exc)
             if _is_worker_loss(exc):
                 raise WorkerLostError(str(exc) or type(exc).__name__) from exc
             raise
@@ -723,7 +860,10 @@ class DaskBackend:
                 pass
 
     def log_event_flush(self) -> None:
-        """Send the queued events now (waits for the scheduler)."""
+        """Send the queued events now (waits for the scheduler; none when it is gone)."""
+        if scheduler_lost(self.client) is not None:
+            self._events.clear()
+            return
         try:
             self.client.sync(self._flush_events, callback_timeout=10)
         except Exception:
