@@ -42,7 +42,7 @@ from zarr.codecs import BloscCodec, ZstdCodec
 from ..utils.text import plural, shown
 from .sparse import (FORMAT_VERSION, DatasetError, _atomic_write, _balanced_bounds,
                      _check_dest, _normalize_path, _StoredDataset, attr_int, attr_ints,
-                     check_compressed)
+                     check_compressed, check_read)
 
 __all__ = ["RatingsDataset", "InMemoryRatingsDataset", "write_ratings", "read_ratings_file",
            "convert_ratings"]
@@ -653,6 +653,7 @@ class RatingsDataset(_RatingsBase):
             if not hasattr(z, "dtype") or z.shape != (n,) or z.dtype.kind != "T":
                 raise DatasetError(f"dataset: {name!r} must be a string array of length {n}, "
                                    f"has shape {z.shape} and dtype {z.dtype}")
+            check_read(z, n, f"dataset: {name!r}")
             try:
                 out.append(np.asarray(z[:]))
             except Exception as e:
