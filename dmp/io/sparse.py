@@ -561,7 +561,8 @@ def open_dataset(path, *, storage_options=None):
     attrs = dict(g.attrs)
     fmt = attrs.get("dmp_format")
     if fmt is None:
-        raise DatasetError(f"{path!r} is not a dmp dataset: attribute 'dmp_format' is missing")
+        raise DatasetError(f"{path!r} is not a dmp dataset: attribute 'dmp_format' is "
+                           f"missing{_what_else(attrs)}")
     if fmt != FORMAT_VERSION:
         raise DatasetError(f"{path!r}: unsupported dmp_format {fmt!r} "
                            f"(this version reads {FORMAT_VERSION})")
@@ -579,6 +580,17 @@ def open_dataset(path, *, storage_options=None):
         raise DatasetError(f"{path!r}: dataset is incomplete (an interrupted write?); "
                            "rewrite it")
     return cls(path, attrs, storage_options=storage_options)
+
+
+def _what_else(attrs: dict) -> str:
+    """What a Zarr group without ``dmp_format`` is, when dmp wrote it: ``""`` or a clause."""
+    if "user_starts" in attrs and "item_starts" in attrs:
+        return ("; it holds the factors of a MatrixFactorization fit (factors_store=), "
+                "arrays W/<k> and H/<k>: read them with zarr or dask.array.from_zarr")
+    if "estimator" in attrs:
+        return ("; it is a model written by `dmp run` (coef.zarr, hash.zarr, factors.zarr): "
+                "read its arrays with zarr")
+    return ""
 
 
 def check_compressed(indptr, indices, data, m, what, major, detail="",

@@ -1,0 +1,212 @@
+"""Hostile store metadata: the dmp attributes of every kind of store dmp writes, and the
+``zarr.json`` of every array in it (shape, chunk shape, data type, fill value), replaced by
+absurd, negative, huge, mistyped or path-like values or deleted.  Opening the store
+(`dmp.io.open_dataset`), ``dmp data info --validate`` and loading its shards the way the
+estimators' workers do either succeed or raise a `DatasetError` -- never a MemoryError, a raw
+numpy / zarr error, a KeyError or a TypeError -- before anything large is allocated, and
+nothing is written anywhere."""
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import tempfile
+import tracemalloc
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from dmp.exceptions import DMPError  # noqa: E402
+from dmp.io import (DatasetError, convert_corpus, open_dataset, write_dense,  # noqa: E402
+                    write_ratings, write_sparse, write_sparse_rows)
+
+#: examples per store kind; DMP_FUZZ_EXAMPLES=2000 for a deep run outside the test suite
+EXAMPLES = max(int(os.environ.get("DMP_FUZZ_EXAMPLES", "60")) // 3, 12)
+FUZZ = settings(max_examples=EXAMPLES, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                       HealthCheck.too_slow])
+#: what one hostile example may allocate while it is opened, validated and read
+PEAK_BYTES = 64 * 2**20
+
+KINDS = ["columns", "rows", "dense", "ratings", "corpus", "factors", "coef"]
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    """One small store of every kind dmp writes: column blocks, row blocks, dense rows,
+    ratings (three splits, ids), a corpus (vocabulary, names, column sums), the factors of a
+    `MatrixFactorization(factors_store=...)` fit and the ``coef.zarr`` of ``dmp run``."""
+    from dmp.decomposition import MatrixFactorization
+    from dmp.linear_model import Lasso
+    from dmp.pipeline import _write_coef
+
+    root = tmp_path_factory.mktemp("hostile")
+    X = sp.random(40, 30, density=0.2, random_state=0, format="csc")
+    y = np.arange(40.0)
+    write_sparse(root / "columns.zarr", X, y, n_shards=3)
+    write_sparse_rows(root / "rows.zarr", X.tocsr(), y, n_shards=3)
+    rng = np.random.default_rng(2)
+    write_dense(root / "dense.zarr", rng.standard_normal((40, 6)), n_shards=3,
+                queries=rng.standard_normal((5, 6)))
+    R = sp.random(50, 20, density=0.3, random_state=1, format="coo")
+    codes = np.random.default_rng(0).integers(0, 3, R.nnz)
+    write_ratings(root / "ratings.zarr", R.row, R.col, 1 + 4 * R.data, shape=R.shape,
+                  split=codes, user_ids=np.arange(100, 150),
+                  item_ids=[f"m{j}" for j in range(20)])
+    words = ["alpha", "beta", "gamma", "delta", "omega"]
+    (root / "docs.txt").write_text("\n".join(" ".join(rng.choice(words, 6))
+                                             for _ in range(30)))
+    convert_corpus(root / "docs.txt", root / "corpus.zarr", format="text", min_count=1,
+                   stop_words=None, n_shards=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # ConvergenceWarning of the tiny fits
+        MatrixFactorization(n_components=3, max_iter=2, backend="local", n_workers=2,
+                            factors_store=str(root / "factors.zarr")).fit(R.tocsr())
+        _write_coef(root / "coef.zarr", Lasso(alpha=0.1, max_iter=5).fit(X, y))
+    return {k: root / f"{k}.zarr" for k in KINDS}
+
+
+def read_like_a_fit(path) -> None:
+    """Open the store and read it as the estimators do: the driver's metadata and
+    statistics, every shard the way a worker loads it (`validate` is `cli_validate`'s)."""
+    ds = open_dataset(path)
+    if ds.KIND == "sparse-columns":       # Lasso
+        ds.column_partition(min(2, ds.n_shards))
+        ds.load_y()
+        ds.load_col_stats()
+        for k in range(ds.n_shards):
+            ds.load_shard(k)
+        ds.load_shards(list(range(ds.n_shards)))
+    elif ds.KIND == "sparse-rows":        # sparsified SGD, LDA
+        ds.row_partition(min(2, ds.n_shards))
+        ds.column_sums()
+        for k in range(ds.n_shards):
+            ds.load_rows(k)
+        ds.load_row_shards(list(range(ds.n_shards))[::-1])
+        ds.load_vocabulary()
+        ds.load_names(0, 3)
+    elif ds.KIND == "dense-rows":         # binary autoencoders
+        ds.row_partition(min(2, ds.n_shards))
+        for k in range(ds.n_shards):
+            ds.load_shard(k)
+        ds.load_points([0, ds.n_samples - 1])
+        ds.load_queries()
+    else:                                 # matrix factorisation
+        for split in ds.splits:
+            ds.balanced_bounds(1, 0, split)
+            ds.balanced_bounds(1, 1, split)
+            ds.load_rows(0, ds.n_users, split)
+            ds.load_cols(0, ds.n_items, split)
+            ds.to_coo(split)
+        ds.load_ids()
+
+
+def cli_validate(path) -> int:
+    """``dmp data info --validate PATH``: its exit status; a failure is one line naming a
+    `DatasetError`, never a traceback."""
+    from dmp.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["data", "info", "--validate", str(path)])
+    assert rc in (0, 2), rc
+    if rc:
+        assert err.getvalue().startswith("dmp: error: ") and "Traceback" not in err.getvalue()
+    return rc
+
+
+#: values a buggy writer or an attacker could declare: huge (34 billion rows, 2**62, ...),
+#: negative, fractional, not a number, of the wrong type, path-like, empty
+HOSTILE = st.one_of(
+    st.sampled_from([2**62, 2**40, 34_000_000_000, 2**31, -1, 0, 1, 3, 1.5, float("nan"),
+                     float("inf"), "", "float64", "int8", "float32", "string", "bool",
+                     "../../outside", "/tmp/elsewhere", "..", None, True, False, [], {},
+                     [2**62], [2**40], [34_000_000_000], [0], [-1], [1.5], [2**62, 2**62],
+                     [-5, 3], [0, 2**40, 30], [0, 34_000_000_000], ["../x"],
+                     {"train": 2**50}, {"name": "regular", "configuration": {}}]),
+    st.integers(-2**63, 2**63 - 1),
+    st.lists(st.integers(-2**40, 2**40), max_size=4))
+
+#: the fields of an array's zarr.json that a mutation targets
+ARRAY_FIELDS = ["shape", "chunk_grid.configuration.chunk_shape", "data_type", "fill_value",
+                "chunk_grid", "codecs"]
+
+DELETE = object()
+
+
+def _mutated(doc: dict, field: str, value) -> dict:
+    doc = json.loads(json.dumps(doc))
+    *parents, last = field.split(".")
+    d = doc
+    for p in parents:
+        d = d.get(p) if isinstance(d, dict) else None
+    if isinstance(d, dict):
+        if value is DELETE:
+            d.pop(last, None)
+        else:
+            d[last] = value
+    return doc
+
+
+def _snapshot(root: Path) -> dict:
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@FUZZ
+@given(which=st.integers(0, 10_000), field=st.integers(0, 10_000),
+       value=st.one_of(HOSTILE, st.just(DELETE)))
+def test_hostile_metadata_is_a_dataset_error_before_any_allocation(stores, kind, which, field,
+                                                                  value):
+    store = stores[kind]
+    d = Path(tempfile.mkdtemp(prefix="dmp-hostile-"))
+    try:
+        copy = d / store.name
+        shutil.copytree(store, copy)
+        metas = sorted(copy.rglob("zarr.json"))
+        meta = metas[which % len(metas)]
+        doc = json.loads(meta.read_text())
+        if doc["node_type"] == "array":
+            key = ARRAY_FIELDS[field % len(ARRAY_FIELDS)]
+        else:
+            attrs = sorted(doc.get("attributes", {})) or ["dmp_format"]
+            key = "attributes." + attrs[field % len(attrs)]
+        meta.write_text(json.dumps(_mutated(doc, key, value)))
+        before = _snapshot(d)
+        tracemalloc.start()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")   # zarr's warnings about what it repaired
+                for step in (read_like_a_fit, cli_validate):
+                    try:
+                        step(copy)
+                    except DatasetError as e:
+                        assert isinstance(e, DMPError) and str(e)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < PEAK_BYTES, f"{peak / 2**20:.0f} MiB allocated for {key}={value!r}"
+        assert _snapshot(d) == before, "reading a store wrote something"
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_dataset_error_is_a_dmp_error_and_a_value_error():
+    assert issubclass(DatasetError, DMPError) and issubclass(DatasetError, ValueError)
+
+
+@pytest.mark.parametrize("kind, words", [("factors", "the factors of a MatrixFactorization"),
+                                         ("coef", "a model written by `dmp run`")])
+def test_a_model_store_is_named_not_taken_for_a_dataset(stores, kind, words):
+    with pytest.raises(DatasetError, match=rf"is not a dmp dataset: attribute 'dmp_format' is "
+                                           rf"missing; it (holds|is) {words}"):
+        open_dataset(stores[kind])
