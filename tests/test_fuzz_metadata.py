@@ -210,3 +210,144 @@ def test_a_model_store_is_named_not_taken_for_a_dataset(stores, kind, words):
     with pytest.raises(DatasetError, match=rf"is not a dmp dataset: attribute 'dmp_format' is "
                                            rf"missing; it (holds|is) {words}"):
         open_dataset(stores[kind])
+
+
+# ------------------------------------------------------------------ the cases named in the issue
+
+
+def _edit(path: Path, fn) -> None:
+    doc = json.loads(path.read_text())
+    fn(doc)
+    path.write_text(json.dumps(doc))
+
+
+def _copy(stores, kind, tmp_path) -> Path:
+    copy = tmp_path / f"{kind}.zarr"
+    shutil.copytree(stores[kind], copy)
+    return copy
+
+
+HUGE = 34_000_000_000   # rows one shard claims
+
+
+def _claim_huge_shard(copy: Path, kind: str) -> None:
+    """Make the last shard (for ratings: the users) claim `HUGE` rows, consistently in the
+    attributes and in every array's metadata, as a hostile writer would."""
+    def shape(rel, n):
+        _edit(copy / rel / "zarr.json", lambda d: d.update(shape=[n, *d["shape"][1:]]))
+
+    root = copy / "zarr.json"
+    attrs = json.loads(root.read_text())["attributes"]
+    if kind == "ratings":
+        def users(d):
+            d["attributes"]["shape"][0] = HUGE
+        _edit(root, users)
+        for split in attrs["splits"]:
+            shape(f"{split}/rows/indptr", HUGE + 1)
+        shape("user_ids", HUGE)
+        return
+    last = attrs["n_shards"] - 1
+    if kind == "columns":
+        def rows(d):
+            d["attributes"]["shape"][0] = HUGE
+        _edit(root, rows)
+        shape("y", HUGE)
+        return
+    start = attrs["row_bounds"][last]
+
+    def rows(d):
+        d["attributes"]["shape"][0] = HUGE
+        d["attributes"]["row_bounds"][-1] = HUGE
+    _edit(root, rows)
+    if kind == "dense":
+        shape(f"shards/s{last:04d}", HUGE - start)
+        return
+    shape(f"shards/s{last:04d}/indptr", HUGE - start + 1)
+    shape("y", HUGE)
+    if (copy / "names").exists():
+        shape("names", HUGE)
+
+
+def _fit(kind, ds, backend):
+    from dmp.decomposition import LatentDirichletAllocation, MatrixFactorization
+    from dmp.hashing import BinaryAutoencoder
+    from dmp.linear_model import Lasso, SparsifiedSGDRegressor
+
+    kw = dict(backend=backend) if not isinstance(backend, str) else dict(backend=backend,
+                                                                           n_workers=2)
+    est = {"columns": lambda: Lasso(alpha=0.1, max_iter=3, **kw),
+           "rows": lambda: SparsifiedSGDRegressor(max_iter=2, **kw),
+           "corpus": lambda: LatentDirichletAllocation(2, max_iter=2, **kw),
+           "ratings": lambda: MatrixFactorization(n_components=2, max_iter=2, **kw),
+           "dense": lambda: BinaryAutoencoder(n_bits=2, max_iter=1, **kw)}[kind]()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return est.fit(ds)
+
+
+FIT_KINDS = ["columns", "rows", "corpus", "ratings", "dense"]
+
+
+@pytest.mark.parametrize("kind", FIT_KINDS)
+def test_a_shard_claiming_34_billion_rows_is_refused_before_allocating(stores, kind, tmp_path):
+    """Consistent metadata (attributes and arrays agree) claiming 34 billion rows: opened
+    (it is only metadata), and refused with a `DatasetError` naming the size where the data
+    is read -- by ``--validate`` and by a fit without it -- with nothing large allocated."""
+    copy = _copy(stores, kind, tmp_path)
+    _claim_huge_shard(copy, kind)
+    tracemalloc.start()
+    try:
+        try:
+            ds = open_dataset(copy)
+        except DatasetError as e:      # refused at open already: as good
+            assert "34000000000" in str(e) or "GiB" in str(e), e
+            return
+        assert HUGE in (ds.shape[0], getattr(ds, "n_users", None))
+        with pytest.raises(DatasetError, match=r"declares [\d,.]+ GiB, more than"):
+            ds.validate()
+        assert cli_validate(copy) == 2
+        with pytest.raises(DatasetError, match=r"declares [\d,.]+ GiB|GiB"):
+            _fit(kind, ds, "local")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < PEAK_BYTES
+
+
+#: an array of a middle shard (not read when the store is opened) and what it declares
+SHARD_ARRAYS = {"columns": "shards/s0001/indices", "rows": "shards/s0001/indices",
+                "corpus": "shards/s0001/data", "ratings": "train/rows/indices",
+                "dense": "shards/s0001"}
+
+
+@pytest.mark.parametrize("kind", FIT_KINDS)
+@pytest.mark.parametrize("hostile", ["shape", "data_type", "chunk_shape"])
+def test_a_fit_without_validate_refuses_a_hostile_shard_where_it_loads(stores, kind, hostile,
+                                                                       tmp_path):
+    """Metadata that opening the store does not read (one array of one shard) is checked
+    where the shard loads: a fit fails with a `DatasetError` naming the array."""
+    copy = _copy(stores, kind, tmp_path)
+    name = SHARD_ARRAYS[kind]
+    change = {"shape": lambda d: d.update(shape=[2**40, *d["shape"][1:]]),
+              "data_type": lambda d: d.update(data_type="int8" if kind != "dense"
+                                              else "float64"),
+              "chunk_shape": lambda d: d["chunk_grid"]["configuration"].update(
+                  chunk_shape=[2**30, *d["shape"][1:]])}[hostile]
+    _edit(copy / name / "zarr.json", change)
+    ds = open_dataset(copy)
+    where = "shard 1" if kind == "dense" else name.rsplit("/", 1)[-1]
+    with pytest.raises(DatasetError, match=where):
+        _fit(kind, ds, "local")
+
+
+@pytest.mark.dask
+@pytest.mark.timeout(240)
+def test_workers_refuse_a_hostile_shard(dask_client, stores, tmp_path):
+    """On Dask the shards load on the workers: the same `DatasetError` comes back from
+    there, and the cluster still fits a good store afterwards."""
+    copy = _copy(stores, "columns", tmp_path)
+    _edit(copy / "shards/s0001/indices/zarr.json", lambda d: d.update(shape=[2**40]))
+    with pytest.raises(DatasetError, match=r"shard 1: 'indices' has length 1099511627776, "
+                                           r"expected \d+"):
+        _fit("columns", open_dataset(copy), dask_client)
+    _fit("columns", open_dataset(stores["columns"]), dask_client)
