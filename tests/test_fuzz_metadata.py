@@ -351,3 +351,80 @@ def test_workers_refuse_a_hostile_shard(dask_client, stores, tmp_path):
                                            r"expected \d+"):
         _fit("columns", open_dataset(copy), dask_client)
     _fit("columns", open_dataset(stores["columns"]), dask_client)
+
+
+# ------------------------------------------------------------------ single fixes
+
+
+def test_column_sums_declared_huge_are_refused_before_reading(stores, tmp_path):
+    """A corpus's word frequencies (read on the driver by LDA) are checked like every other
+    array: their declared length against the vocabulary, before zarr allocates it."""
+    copy = _copy(stores, "corpus", tmp_path)
+    _edit(copy / "column_sums" / "zarr.json", lambda d: d.update(shape=[2**40]))
+    ds = open_dataset(copy)
+    with pytest.raises(DatasetError, match=r"'column_sums' has length 1099511627776, "
+                                           r"expected 5$"):
+        ds.column_sums()
+
+
+def test_the_shard_nnz_fallback_is_checked(stores, tmp_path):
+    """A store without attribute 'shard_nnz' counts its shards' values from their 'indptr'
+    arrays: a missing or mistyped one is a `DatasetError` naming the shard."""
+    copy = _copy(stores, "columns", tmp_path)
+
+    def drop(d):
+        del d["attributes"]["shard_nnz"]
+    _edit(copy / "zarr.json", drop)
+    assert open_dataset(copy).shard_nnz().tolist() == \
+        open_dataset(stores["columns"]).shard_nnz().tolist()
+    _edit(copy / "shards/s0001/indptr/zarr.json", lambda d: d.update(data_type="float32"))
+    with pytest.raises(DatasetError, match=r"shard 1: 'indptr' has dtype float32, expected "
+                                           r"int64"):
+        open_dataset(copy).column_partition(2)
+    shutil.rmtree(copy / "shards/s0001/indptr")
+    with pytest.raises(DatasetError, match=r"shard 1: array 'indptr' is missing"):
+        open_dataset(copy).shard_nnz()
+
+
+@pytest.mark.parametrize("kind, name", [("columns", "y"), ("corpus", "vocabulary"),
+                                        ("ratings", "item_ids"), ("dense", "queries")])
+def test_a_chunk_larger_than_its_array_is_refused(stores, kind, name, tmp_path):
+    """A chunk shape no dmp writer produces (larger than the array and than 64 MiB) is named
+    as corrupt metadata before zarr decodes anything."""
+    copy = _copy(stores, kind, tmp_path)
+    _edit(copy / name / "zarr.json", lambda d: d["chunk_grid"]["configuration"].update(
+        chunk_shape=[2**28] + d["shape"][1:]))
+    ds = open_dataset(copy)
+    with pytest.raises(DatasetError, match=r"chunk shape \(268435456,?.*\) is larger than the "
+                                           r"array \(shape \(\d+,?.*\)\); the store's metadata "
+                                           r"is corrupt"):
+        ds.validate()
+
+
+@pytest.mark.parametrize("kind", ["columns", "rows", "dense"])
+def test_more_shards_than_exist_are_refused(stores, kind, tmp_path):
+    """Attributes declaring one shard more than the store holds (bounds, counts and number
+    consistent): the shards that do not match are named where they load, by a fit and by
+    --validate."""
+    copy = _copy(stores, kind, tmp_path)
+    bounds = "col_bounds" if kind == "columns" else "row_bounds"
+
+    def extra_shard(d):
+        a = d["attributes"]
+        b = a[bounds]
+        a[bounds] = [*b[:-1], b[-1] - 1, b[-1]]   # the last row or column: a new shard
+        a["n_shards"] += 1
+        if "shard_nnz" in a:
+            a["shard_nnz"] = [*a["shard_nnz"], 0]
+    _edit(copy / "zarr.json", extra_shard)
+    ds = open_dataset(copy)
+    last = ds.n_shards - 1
+    named = rf"shard ({last - 1}|{last}).*(missing|expected)"
+    with pytest.raises(DatasetError, match=named):
+        ds.validate()
+    assert cli_validate(copy) == 2
+    with pytest.raises(DatasetError, match=named):
+        _fit(kind, ds, "local")
+    # and the shard that is not there, alone
+    with pytest.raises(DatasetError, match=rf"shard {last}: .*(missing|expected)"):
+        ds.load_rows(last) if kind == "rows" else ds.load_shard(last)
