@@ -29,7 +29,7 @@ from dmp.io import (DatasetError, convert_corpus, open_dataset, write_dense,  # 
                     write_ratings, write_sparse, write_sparse_rows)
 
 #: examples per store kind; DMP_FUZZ_EXAMPLES=2000 for a deep run outside the test suite
-EXAMPLES = max(int(os.environ.get("DMP_FUZZ_EXAMPLES", "60")) // 3, 12)
+EXAMPLES = max(int(os.environ.get("DMP_FUZZ_EXAMPLES", "36")) // 3, 4)
 FUZZ = settings(max_examples=EXAMPLES, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow])
