@@ -178,8 +178,9 @@ def test_hostile_metadata_is_a_dataset_error_before_any_allocation(stores, kind,
         if doc["node_type"] == "array":
             key = ARRAY_FIELDS[field % len(ARRAY_FIELDS)]
         else:
-            attrs = sorted(doc.get("attributes", {})) or ["dmp_format"]
-            key = "attributes." + attrs[field % len(attrs)]
+            keys = ["attributes." + a for a in sorted(doc.get("attributes", {}))]
+            keys = (keys or ["attributes.dmp_format"]) + ["consolidated_metadata"]
+            key = keys[field % len(keys)]
         meta.write_text(json.dumps(_mutated(doc, key, value)))
         before = _snapshot(d)
         tracemalloc.start()
@@ -428,3 +429,18 @@ def test_more_shards_than_exist_are_refused(stores, kind, tmp_path):
     # and the shard that is not there, alone
     with pytest.raises(DatasetError, match=rf"shard {last}: .*(missing|expected)"):
         ds.load_rows(last) if kind == "rows" else ds.load_shard(last)
+
+
+def test_consolidated_metadata_is_not_trusted(stores, tmp_path):
+    """dmp never consolidates a store's metadata: a consolidated copy in the root zarr.json
+    (stale, or declaring other shapes, dtypes or nodes named with '..') is ignored, every array
+    is read with its own metadata."""
+    copy = _copy(stores, "columns", tmp_path)
+    y = json.loads((copy / "y" / "zarr.json").read_text())
+    lie = {"kind": "inline", "must_understand": False,
+           "metadata": {"y": {**y, "shape": [2**40], "data_type": "int8"}, "../evil": y}}
+    _edit(copy / "zarr.json", lambda d: d.update(consolidated_metadata=lie))
+    ds = open_dataset(copy)
+    np.testing.assert_array_equal(ds.load_y(), np.arange(40.0))
+    ds.validate()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["columns.zarr"]

@@ -90,9 +90,13 @@ def _exists(path: str, storage_options) -> bool:
 
 
 def _open_group(path: str, storage_options, mode: str = "r"):
+    # dmp never consolidates its stores' metadata: a consolidated copy in the root zarr.json
+    # (stale, or hostile) is ignored, every array is read with its own metadata
+    kw = {"use_consolidated": False} if mode == "r" else {}
     if _is_remote(path) and storage_options:
-        return zarr.open_group(path, mode=mode, storage_options=storage_options, zarr_format=3)
-    return zarr.open_group(path, mode=mode, zarr_format=3)
+        return zarr.open_group(path, mode=mode, storage_options=storage_options, zarr_format=3,
+                               **kw)
+    return zarr.open_group(path, mode=mode, zarr_format=3, **kw)
 
 
 # --------------------------------------------------------------------------- partitioning
