@@ -444,3 +444,20 @@ def test_consolidated_metadata_is_not_trusted(stores, tmp_path):
     np.testing.assert_array_equal(ds.load_y(), np.arange(40.0))
     ds.validate()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["columns.zarr"]
+
+
+@pytest.mark.parametrize("key, value", [("rating_range", [5]), ("rating_range", [5, 1]),
+                                        ("rating_range", ["1", 5]),
+                                        ("rating_range", [1, float("nan")]),
+                                        ("duplicates", "../../outside"), ("duplicates", 3)])
+def test_ratings_attributes_are_checked_at_open(stores, key, value, tmp_path):
+    """The ratings store's descriptive attributes (printed by ``dmp data info``) are checked
+    when it is opened, like its sizes."""
+    copy = _copy(stores, "ratings", tmp_path)
+
+    def set_(d):
+        d["attributes"][key] = value
+    _edit(copy / "zarr.json", set_)
+    with pytest.raises(DatasetError, match=rf"malformed attributes .*{key}"):
+        open_dataset(copy)
+    assert cli_validate(copy) == 2
