@@ -21,7 +21,7 @@ from ..utils.estimator import SharedBackendMixin
 from ..utils.scratch import temporary_store_dir
 from ..utils.text import plural, shown
 from . import _lda_kernels as K
-from ._lda_program import LDAProgram, check_count_values
+from ._lda_program import LDAProgram, check_count_values, check_documents
 
 
 def _is_row_dataset(X) -> bool:
@@ -196,10 +196,7 @@ class LatentDirichletAllocation(SharedBackendMixin, ClassNamePrefixFeaturesOutMi
         X = check_counts(X)
         if X.nnz == 0:
             raise ValueError("X holds no tokens (every count is zero)")
-        empty = np.flatnonzero(np.diff(X.indptr) == 0)
-        if len(empty):
-            raise ValueError(f"X has {len(empty)} empty document(s) (no tokens), e.g. rows "
-                             f"{empty[:5].tolist()}; remove them before fitting")
+        check_documents(X.indptr, "X")
         P = backend.n_partitions
         if X.shape[0] < P:
             raise ValueError(f"{plural(X.shape[0], 'document')} cannot be split over {P} "

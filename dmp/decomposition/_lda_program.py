@@ -49,6 +49,19 @@ def check_count_values(data, what: str) -> None:
                          f"needs token counts")
 
 
+def check_documents(indptr, what: str, first_row: int = 0) -> None:
+    """Raise `ValueError` if a document (a row of the CSR ``indptr``, whose stored counts
+    are all positive) holds no token; ``first_row`` numbers the rows in the message.
+
+    The one check of LDA's documents, as `check_count_values` is of its counts: run by the
+    estimator on an in-memory matrix and by `LDAProgram.init_partition` on every store shard
+    as it loads on the worker."""
+    empty = np.flatnonzero(np.diff(np.asarray(indptr)) == 0)
+    if len(empty):
+        raise ValueError(f"{what} has {len(empty)} empty document(s) (no tokens), e.g. rows "
+                         f"{(empty[:5] + first_row).tolist()}; remove them before fitting")
+
+
 def word_blocks(n_words: int, n_blocks: int, seed: int,
                 weights=None) -> tuple[np.ndarray, np.ndarray]:
     """``(block, row)`` of every word; ``row`` is the word's position in its block (blocks
@@ -184,10 +197,11 @@ class LDAProgram(Program):
 
     # ================================================================== worker side
     def _check_shards(self, X, ks) -> None:
-        """`check_count_values` of the loaded shards ``ks`` (stacked in ``X``), naming the
-        shard at fault."""
+        """`check_count_values` and `check_documents` of the loaded shards ``ks`` (stacked
+        in ``X``), naming the shard at fault (and the documents by their corpus rows)."""
         try:
             check_count_values(X.data, "X")
+            check_documents(X.indptr, "X")
         except ValueError:
             bounds, row = self.dataset.row_bounds, 0
             where = getattr(self.dataset, "path", None)
@@ -196,6 +210,8 @@ class LDAProgram(Program):
                 n = int(bounds[k + 1] - bounds[k])
                 check_count_values(X.data[X.indptr[row]:X.indptr[row + n]],
                                    f"corpus {where}, shard {k}")
+                check_documents(X.indptr[row:row + n + 1], f"corpus {where}, shard {k}",
+                                int(bounds[k]))
                 row += n
             raise
 

@@ -15,7 +15,7 @@ from ..engine import resolve_backend, run
 from ..engine.runner import history_arrays
 from ..io.dense import (DenseDataset, InMemoryDenseDataset, _check_dense, append_dense_shard,
                         write_dense)
-from ..io.sparse import _is_dask, require_store_kind
+from ..io.sparse import _is_dask, check_allocation, require_store_kind
 from ..linear_model._lasso import seed_from
 from ..utils.estimator import SharedBackendMixin
 from ..utils.scratch import temporary_store_dir
@@ -200,6 +200,9 @@ class BinaryAutoencoder(SharedBackendMixin, TransformerMixin, BaseEstimator):
         initial shards (None when the data is too small or ``validation_size`` is 0)."""
         q = int(self.validation_size)
         held_shards = {k for ks in held.values() for k in ks}
+        # the row numbers come from the store's metadata: a hostile size is refused first
+        check_allocation(8 * int(ds.n_samples), f"{getattr(ds, 'path', None)!r}: the row "
+                         f"numbers of {ds.n_samples:,} points")
         rows = np.concatenate([np.arange(ds.row_bounds[k], ds.row_bounds[k + 1])
                                for k in range(ds.n_shards) if k not in held_shards])
         if q == 0 or len(rows) < 2 * q + 10:

@@ -26,7 +26,7 @@ import numpy as np
 
 from ..utils.text import plural, shown
 from .sparse import (FORMAT_VERSION, DatasetError, _atomic_write, _check_dest, _is_dask,
-                     _normalize_path, _open_group, attr_int, attr_ints, check_allocation,
+                     _normalize_path, _open_group, attr_int, attr_ints, check_read,
                      partition_shards)
 
 __all__ = ["DenseDataset", "InMemoryDenseDataset", "write_dense", "append_dense_shard",
@@ -284,7 +284,7 @@ class DenseDataset(_DenseBase):
         if getattr(z, "shape", None) != (rows, self.n_features) or z.dtype != np.float32:
             raise DatasetError(f"{what}: expected float32 of shape {(rows, self.n_features)}, "
                                f"found {getattr(z, 'dtype', '?')} {getattr(z, 'shape', '?')}")
-        check_allocation(rows * self.n_features * 4, what)
+        check_read(z, rows * self.n_features, what)
         try:
             X = np.asarray(z[:])
         except Exception as e:
@@ -307,7 +307,7 @@ class DenseDataset(_DenseBase):
                                f"{e})") from None
         if not ok:
             raise DatasetError(f"{self.path}: 'queries' must be float32 of shape {want}")
-        check_allocation(want[0] * want[1] * 4, f"{self.path}: queries")
+        check_read(z, want[0] * want[1], f"{self.path}: queries")
         try:
             Q = np.asarray(z[:])
         except Exception as e:

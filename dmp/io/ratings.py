@@ -42,7 +42,7 @@ from zarr.codecs import BloscCodec, ZstdCodec
 from ..utils.text import plural, shown
 from .sparse import (FORMAT_VERSION, DatasetError, _atomic_write, _balanced_bounds,
                      _check_dest, _normalize_path, _StoredDataset, attr_int, attr_ints,
-                     check_compressed)
+                     check_compressed, check_read)
 
 __all__ = ["RatingsDataset", "InMemoryRatingsDataset", "write_ratings", "read_ratings_file",
            "convert_ratings"]
@@ -597,11 +597,19 @@ class RatingsDataset(_RatingsBase):
             shape = attr_ints(attrs["shape"], "shape", low=1).tolist()
             splits = list(attrs["splits"])
             nnz = {str(k): attr_int(v, "nnz") for k, v in dict(attrs["nnz"]).items()}
-            self.duplicates = str(attrs["duplicates"])
+            self.duplicates = _check_policy(attrs["duplicates"])
             if np.dtype(attrs["dtype"]) != np.float64:
                 raise ValueError(f"dtype {attrs['dtype']!r} is not float64")
             rr = attrs.get("rating_range")
-            self.rating_range = None if rr is None else tuple(float(x) for x in rr)
+            if rr is not None:
+                if (not isinstance(rr, list) or len(rr) != 2
+                        or any(isinstance(x, bool) or not isinstance(x, (int, float))
+                               for x in rr)
+                        or not (np.isfinite(rr).all() and rr[0] <= rr[1])):
+                    raise ValueError(f"'rating_range' must be [lowest, highest], two finite "
+                                     f"numbers, got {shown(rr)}")
+                rr = (float(rr[0]), float(rr[1]))
+            self.rating_range = rr
             ids = attrs.get("ids")
             self._ids = None if ids is None else {k: str(ids[k]) for k in ("user_ids",
                                                                            "item_ids")}
@@ -653,6 +661,7 @@ class RatingsDataset(_RatingsBase):
             if not hasattr(z, "dtype") or z.shape != (n,) or z.dtype.kind != "T":
                 raise DatasetError(f"dataset: {name!r} must be a string array of length {n}, "
                                    f"has shape {z.shape} and dtype {z.dtype}")
+            check_read(z, n, f"dataset: {name!r}")
             try:
                 out.append(np.asarray(z[:]))
             except Exception as e:

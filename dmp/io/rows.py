@@ -291,6 +291,7 @@ class SparseRowDataset(_StoredDataset):
                                f"({type(e).__name__}: {e})") from None
         if not hasattr(z, "dtype") or z.shape != (n,) or z.dtype.kind != "T":
             raise DatasetError(f"dataset: {name!r} must be a string array of length {n}")
+        _sparse.check_read(z, len(range(*sel.indices(n))), f"dataset: {name!r}")
         try:
             return np.asarray(z[sel])
         except Exception as e:
@@ -321,13 +322,9 @@ class SparseRowDataset(_StoredDataset):
         before dmp kept them."""
         if not self._attrs_column_sums:
             return None
-        try:
-            z = self._group()["column_sums"]
-            sums = np.asarray(z[:], dtype=np.float64)
-        except Exception as e:
-            raise DatasetError(f"dataset: cannot read 'column_sums' "
-                               f"({type(e).__name__}: {e})") from None
-        if sums.shape != (self.n_features,) or not np.all(np.isfinite(sums)):
+        # shape and dtype checked before anything is read (a hostile shape allocates nothing)
+        sums = self._read(self._group(), "column_sums", "dataset", "float64", self.n_features)
+        if not np.all(np.isfinite(sums)):
             raise DatasetError(f"dataset: 'column_sums' must hold {self.n_features} finite "
                                f"values")
         return sums

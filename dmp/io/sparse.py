@@ -21,6 +21,7 @@ Row-block datasets (``kind="sparse-rows"``, for data-parallel algorithms) live i
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import uuid
@@ -32,6 +33,7 @@ import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
 
 from ..engine.checkpoint import is_remote as _is_remote
+from ..exceptions import DMPError
 from ..utils.text import plural, shown
 
 __all__ = ["DatasetError", "SparseDataset", "write_sparse", "open_dataset"]
@@ -44,8 +46,12 @@ _DENSE_BLOCK_ELEMS = 1 << 24  # dask -> sparse conversion: at most 16M dense val
 _REQUIRED_ATTRS = ("shape", "nnz", "n_shards", "col_bounds", "dtype", "complete")
 
 
-class DatasetError(ValueError):
-    """A dataset (or the data passed to build one) is invalid or corrupted."""
+class DatasetError(DMPError, ValueError):
+    """A dataset (or the data passed to build one) is invalid or corrupted.
+
+    A `dmp.exceptions.DMPError` and a `ValueError` (what callers caught before dmp's named
+    errors existed).  A store's metadata is checked when it is opened and again where each
+    shard loads (on the worker), before anything it declares is allocated."""
 
 
 class _ShardIndexError(DatasetError, IndexError):
@@ -84,9 +90,13 @@ def _exists(path: str, storage_options) -> bool:
 
 
 def _open_group(path: str, storage_options, mode: str = "r"):
+    # dmp never consolidates its stores' metadata: a consolidated copy in the root zarr.json
+    # (stale, or hostile) is ignored, every array is read with its own metadata
+    kw = {"use_consolidated": False} if mode == "r" else {}
     if _is_remote(path) and storage_options:
-        return zarr.open_group(path, mode=mode, storage_options=storage_options, zarr_format=3)
-    return zarr.open_group(path, mode=mode, zarr_format=3)
+        return zarr.open_group(path, mode=mode, storage_options=storage_options, zarr_format=3,
+                               **kw)
+    return zarr.open_group(path, mode=mode, zarr_format=3, **kw)
 
 
 # --------------------------------------------------------------------------- partitioning
@@ -566,7 +576,8 @@ def open_dataset(path, *, storage_options=None):
     attrs = dict(g.attrs)
     fmt = attrs.get("dmp_format")
     if fmt is None:
-        raise DatasetError(f"{path!r} is not a dmp dataset: attribute 'dmp_format' is missing")
+        raise DatasetError(f"{path!r} is not a dmp dataset: attribute 'dmp_format' is "
+                           f"missing{_what_else(attrs)}")
     if fmt != FORMAT_VERSION:
         raise DatasetError(f"{path!r}: unsupported dmp_format {fmt!r} "
                            f"(this version reads {FORMAT_VERSION})")
@@ -584,6 +595,17 @@ def open_dataset(path, *, storage_options=None):
         raise DatasetError(f"{path!r}: dataset is incomplete (an interrupted write?); "
                            "rewrite it")
     return cls(path, attrs, storage_options=storage_options)
+
+
+def _what_else(attrs: dict) -> str:
+    """What a Zarr group without ``dmp_format`` is, when dmp wrote it: ``""`` or a clause."""
+    if "user_starts" in attrs and "item_starts" in attrs:
+        return ("; it holds the factors of a MatrixFactorization fit (factors_store=), "
+                "arrays W/<k> and H/<k>: read them with zarr or dask.array.from_zarr")
+    if "estimator" in attrs:
+        return ("; it is a model written by `dmp run` (coef.zarr, hash.zarr, factors.zarr): "
+                "read its arrays with zarr")
+    return ""
 
 
 def check_compressed(indptr, indices, data, m, what, major, detail="",
@@ -638,6 +660,27 @@ def check_allocation(nbytes: int, what: str) -> None:
         raise DatasetError(f"{what} declares {nbytes / 2**30:,.1f} GiB, more than the "
                            f"{avail / 2**30:,.1f} GiB of memory available here; the store's "
                            f"metadata is corrupt, or the data needs a bigger machine")
+
+
+def check_read(z, n_elems: int, what: str) -> None:
+    """Raise `DatasetError` before reading ``n_elems`` values of the Zarr array ``z`` when its
+    metadata declares an impossible chunk shape, or more memory than is available.
+
+    Zarr decodes whole chunks, so a read costs the selection plus a chunk: a chunk larger
+    than both the array and `_MEMORY_CHECK_BYTES` is never written by dmp (its chunks never
+    exceed the array) and is refused as corrupt metadata before anything is allocated."""
+    itemsize = int(getattr(z.dtype, "itemsize", 0) or 16)   # variable-width strings: 16
+    try:
+        chunk = [int(c) for c in z.chunks]
+    except Exception as e:   # a chunk grid zarr cannot describe
+        raise DatasetError(f"{what}: unreadable chunk shape ({type(e).__name__}: {e})") \
+            from None
+    chunk_elems = math.prod(max(c, 1) for c in chunk)
+    array_elems = math.prod(max(int(d), 0) for d in z.shape)
+    if chunk_elems * itemsize > _MEMORY_CHECK_BYTES and chunk_elems > array_elems:
+        raise DatasetError(f"{what}: chunk shape {tuple(chunk)} is larger than the array "
+                           f"(shape {tuple(z.shape)}); the store's metadata is corrupt")
+    check_allocation((n_elems + (chunk_elems if n_elems else 0)) * itemsize, what)
 
 
 class _StoredDataset:
@@ -738,7 +781,7 @@ class _StoredDataset:
         if length is not None and z.shape[0] != length:
             raise DatasetError(f"{what}: {short!r} has length {z.shape[0]}, expected {length}")
         n_sel = len(range(*sel.indices(z.shape[0])))
-        check_allocation(n_sel * z.dtype.itemsize, f"{what}: {short!r}")
+        check_read(z, n_sel, f"{what}: {short!r}")
         try:
             return np.asarray(z[sel]) if n_sel else np.zeros(0, dtype=dtype)
         except Exception as e:
@@ -802,9 +845,16 @@ class _StoredDataset:
         """Return the number of stored values per shard (int64, from metadata)."""
         if self._shard_nnz is None:  # fallback for datasets without the attribute
             g = self._group()
-            self._shard_nnz = np.array(
-                [int(g[f"shards/s{k:04d}/indptr"][-1]) for k in range(self.n_shards)],
-                dtype=np.int64)
+            counts = []
+            for k in range(self.n_shards):
+                w = int(self._bounds[k + 1] - self._bounds[k])
+                last = int(self._read(g, f"shards/s{k:04d}/indptr", f"shard {k}", "int64",
+                                      w + 1, slice(w, w + 1))[0])
+                if not 0 <= last <= self.nnz:
+                    raise DatasetError(f"shard {k}: 'indptr' ends at {last}, outside "
+                                       f"[0, {self.nnz}] (attribute 'nnz')")
+                counts.append(last)
+            self._shard_nnz = np.array(counts, dtype=np.int64)
         return self._shard_nnz.copy()
 
 

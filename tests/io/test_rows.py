@@ -510,10 +510,14 @@ def test_column_sums_missing_or_corrupt(tmp_path):
     g.attrs["column_sums"] = True
     del g["column_sums"]
     g.create_array("column_sums", data=np.full(3, np.nan))
+    with pytest.raises(DatasetError, match=rf"'column_sums' has length 3, expected {X.shape[1]}"):
+        open_dataset(tmp_path / "ds.zarr").column_sums()
+    del g["column_sums"]
+    g.create_array("column_sums", data=np.full(X.shape[1], np.nan))
     with pytest.raises(DatasetError, match="'column_sums' must hold"):
         open_dataset(tmp_path / "ds.zarr").column_sums()
     del g["column_sums"]
-    with pytest.raises(DatasetError, match="cannot read 'column_sums'"):
+    with pytest.raises(DatasetError, match="array 'column_sums' is missing"):
         open_dataset(tmp_path / "ds.zarr").column_sums()
     assert ds.n_features == X.shape[1]
 
