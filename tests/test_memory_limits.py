@@ -106,3 +106,75 @@ def test_model_too_big_for_the_workers_fails_early():
         assert client.run(lambda dask_worker: len(dask_worker.state.actors)) == \
             {w: 0 for w in client.scheduler_info()["workers"]}
         assert len(client.scheduler_info()["workers"]) == 2
+
+
+def _hog(dask_worker, nbytes):
+    """Hold ``nbytes`` of touched memory on the worker (until its process ends)."""
+    dask_worker._dmp_test_hog = np.ones(nbytes // 8)
+    return dask_worker._dmp_test_hog.nbytes
+
+
+@pytest.mark.dask
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", ["mf-ccd++", "lasso"])
+def test_worker_pushed_over_its_memory_limit_mid_fit_is_recovered(tmp_path, name):
+    """A worker whose memory passes Dask's terminate threshold (95% of its limit) during a
+    fit -- here something else on it allocates past its limit -- is restarted by its nanny;
+    the fit takes it as a worker loss, recovers from its checkpoint and ends with the
+    undisturbed result in bounded time, never waiting on it."""
+    import os
+    import threading
+    import time
+    import warnings
+
+    from distributed import Client, LocalCluster
+
+    X, y = make_problem(n=200, p=1500, density=0.03, seed=2)
+    fits = {
+        "mf-ccd++": (lambda **kw: MatrixFactorization(n_components=6, max_iter=10, tol=0,
+                                                      random_state=0, **kw),
+                     (_ratings(n_users=1500, n_items=400, nnz=30_000),), 2,
+                     lambda e: np.asarray(e.user_factors_)),
+        "lasso": (lambda **kw: Lasso(alpha=0.01, max_iter=200, tol=0, random_state=0,
+                                     schedule="round_robin", schedule_size=100, **kw),
+                  (X, y), 10, lambda e: e.coef_),
+    }
+    make, args, every, result = fits[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = make(backend="local", n_workers=2, checkpoint_every=every).fit(*args)
+    at_round = len(reference.history_["round"]) // 3
+    limit = 700 * 2**20
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, memory_limit=limit,
+                      dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
+            Client(cluster) as client:
+        victim = next(a for a, w in client.scheduler_info()["workers"].items()
+                      if str(w["name"]) == "1")
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        fired = []
+
+        def hog(round, metrics):
+            if round == at_round and not fired:
+                fired.append(round)
+
+                def allocate():
+                    try:
+                        client.run(_hog, nbytes=limit, workers=[victim])
+                    except Exception:   # noqa: BLE001 - the worker may die mid-call
+                        pass
+                threading.Thread(target=allocate, daemon=True).start()
+            return False
+
+        t0 = time.monotonic()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est = make(backend=client, n_workers=2, checkpoint=str(tmp_path / "ck.zarr"),
+                       checkpoint_every=every, callback=hog).fit(*args)
+        wall = time.monotonic() - t0
+        pids = set(client.run(os.getpid).values())
+    assert fired == [at_round]
+    assert pid not in pids, "the worker over its memory limit was not restarted"
+    assert len(est.recoveries_) >= 1, est.recoveries_
+    assert wall < 120, f"the recovered fit took {wall:.0f} s"
+    np.testing.assert_allclose(result(est), result(reference), rtol=1e-7, atol=1e-6)
