@@ -91,21 +91,55 @@ def test_check_names_workers_and_memory_needed():
     check_partition_memory(Unknown(), specs, ["a"] * 4, {"a": 1})   # unknown: no check
 
 
-@pytest.mark.dask
-def test_model_too_big_for_the_workers_fails_early():
+def _too_big(name):
+    """A model of kind ``name`` whose partitions need more than 400 MiB workers allow (each
+    with tiny data: the model's own arrays are what is large)."""
+    from dmp.decomposition import LatentDirichletAllocation
+    from dmp.hashing import BinaryAutoencoder
+
+    rng = np.random.default_rng(0)
+    if name in ("mf-ccd++", "mf-ccd"):   # factors: 40,000 users x 300 components
+        return (MatrixFactorization(n_components=300, max_iter=1, method=name[3:]),
+                (_ratings(n_users=40_000, n_items=2_000, nnz=50_000),))
+    if name == "lasso":                  # residual and row links of 1.2M samples
+        n = 1_200_000
+        X = sp.random(n, 10, density=1e-4, random_state=0, format="csc")
+        return Lasso(alpha=0.01, max_iter=1), (X, rng.standard_normal(n))
+    if name == "sparsified":             # model-length vectors of 2M coordinates
+        A = sp.random(200, 2_000_000, density=1e-5, random_state=0, format="csr")
+        return SparsifiedSGDRegressor(max_iter=1), (A, rng.standard_normal(200))
+    if name == "lda":                    # word-topic blocks: 10,000 words x 2,000 topics
+        C = sp.random(100, 10_000, density=2e-3, random_state=0, format="csr")
+        C.data = np.ceil(C.data * 5)
+        return LatentDirichletAllocation(2000, max_iter=1), (C,)
+    if name == "ba":                     # the W step's blocks of 65,536 points
+        return BinaryAutoencoder(8, max_iter=1), (rng.standard_normal((2000, 64)),)
+    raise ValueError(name)
+
+
+@pytest.fixture(scope="module")
+def small_workers():
+    """Two worker processes with a memory limit of 400 MiB each."""
     from distributed import Client, LocalCluster
 
-    R = _ratings(n_users=40_000, n_items=2_000, nnz=50_000)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       memory_limit="400MiB", dashboard_address=":0",
                       silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
-        mf = MatrixFactorization(n_components=300, max_iter=1, backend=client)
-        with pytest.raises(InsufficientMemoryError, match=r"use at least \d+ workers"):
-            mf.fit(R)
-        # nothing was created on the workers, and they are all still there
-        assert client.run(lambda dask_worker: len(dask_worker.state.actors)) == \
-            {w: 0 for w in client.scheduler_info()["workers"]}
-        assert len(client.scheduler_info()["workers"]) == 2
+        yield client
+
+
+@pytest.mark.dask
+@pytest.mark.parametrize("name", ["mf-ccd++", "mf-ccd", "lasso", "sparsified", "lda", "ba"])
+def test_model_too_big_for_the_workers_fails_early(small_workers, name):
+    client = small_workers
+    est, args = _too_big(name)
+    est.set_params(backend=client, n_workers=2)
+    with pytest.raises(InsufficientMemoryError, match=r"use at least \d+ workers"):
+        est.fit(*args)
+    # nothing was created on the workers, and they are all still there
+    assert client.run(lambda dask_worker: len(dask_worker.state.actors)) == \
+        {w: 0 for w in client.scheduler_info()["workers"]}
+    assert len(client.scheduler_info()["workers"]) == 2
 
 
 def _hog(dask_worker, nbytes):
@@ -178,3 +212,53 @@ def test_worker_pushed_over_its_memory_limit_mid_fit_is_recovered(tmp_path, name
     assert len(est.recoveries_) >= 1, est.recoveries_
     assert wall < 120, f"the recovered fit took {wall:.0f} s"
     np.testing.assert_allclose(result(est), result(reference), rtol=1e-7, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(20, 200_000), (20_000, 40)])
+@pytest.mark.parametrize("fit_intercept", [True, False])
+def test_the_smoothness_constant_never_densifies_a_partition(shape, fit_intercept):
+    """The largest eigenvalue of a partition's Gram matrix (sparsified SGD's step size,
+    computed on the worker) comes from the small Gram matrix built by sparse products: a
+    partition of few rows and many features used to be densified whole (20 x 200,000: 32 MB
+    for 4,000 stored values), which pushed workers the memory check had accepted past their
+    limit."""
+    import tracemalloc
+
+    from dmp.linear_model._sparsified_program import max_eigenvalue_gram
+
+    A = sp.random(*shape, density=0.01, random_state=1,
+                  format="csr")
+    M = A.toarray()
+    if fit_intercept:
+        M = np.hstack([M, np.ones((shape[0], 1))])
+    expected = np.linalg.svd(M, compute_uv=False)[0] ** 2
+    tracemalloc.start()
+    try:
+        got = max_eigenvalue_gram(A, fit_intercept)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == pytest.approx(expected, rel=1e-10)
+    assert peak < M.nbytes / 4, f"peak {peak} bytes for a {M.nbytes}-byte dense matrix"
+
+
+@pytest.mark.dask
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_wide_model_the_check_accepts_fits_within_the_workers_memory(small_workers):
+    """Sparsified SGD on 2 x 100 rows of 300,000 features: the memory check accepts it on
+    400 MiB workers, and the fit runs there with no worker restarted (before the fix both
+    workers passed their limit in round 0 and the fit ended 'no Dask workers left')."""
+    import os
+
+    client = small_workers
+    rng = np.random.default_rng(0)
+    A = sp.random(200, 300_000, density=1e-5, random_state=0, format="csr")
+    y = rng.standard_normal(200)
+    pids = client.run(os.getpid)
+    est = SparsifiedSGDRegressor(max_iter=3, tol=None, random_state=0, backend=client,
+                                 n_workers=2).fit(A, y)
+    ref = SparsifiedSGDRegressor(max_iter=3, tol=None, random_state=0, backend="local",
+                                 n_workers=2).fit(A, y)
+    assert client.run(os.getpid) == pids and est.recoveries_ == []
+    np.testing.assert_allclose(est.coef_, ref.coef_, rtol=1e-12, atol=1e-15)
