@@ -91,6 +91,15 @@ def test_check_names_workers_and_memory_needed():
     check_partition_memory(Unknown(), specs, ["a"] * 4, {"a": 1})   # unknown: no check
 
 
+def _sparse(n, p, nnz, format, seed=0):
+    """A random sparse matrix with about ``nnz`` stored values (`scipy.sparse.random` draws
+    its positions among all n * p cells: minutes for the wide shapes here)."""
+    rng = np.random.default_rng(seed)
+    M = sp.coo_matrix((rng.uniform(0.1, 1.0, nnz),
+                       (rng.integers(0, n, nnz), rng.integers(0, p, nnz))), shape=(n, p))
+    return M.asformat(format)
+
+
 def _too_big(name):
     """A model of kind ``name`` whose partitions need more than 400 MiB workers allow (each
     with tiny data: the model's own arrays are what is large)."""
@@ -103,13 +112,13 @@ def _too_big(name):
                 (_ratings(n_users=40_000, n_items=2_000, nnz=50_000),))
     if name == "lasso":                  # residual and row links of 1.2M samples
         n = 1_200_000
-        X = sp.random(n, 10, density=1e-4, random_state=0, format="csc")
+        X = _sparse(n, 10, 1200, "csc")
         return Lasso(alpha=0.01, max_iter=1), (X, rng.standard_normal(n))
     if name == "sparsified":             # model-length vectors of 2M coordinates
-        A = sp.random(200, 2_000_000, density=1e-5, random_state=0, format="csr")
+        A = _sparse(200, 2_000_000, 4000, "csr")
         return SparsifiedSGDRegressor(max_iter=1), (A, rng.standard_normal(200))
     if name == "lda":                    # word-topic blocks: 10,000 words x 2,000 topics
-        C = sp.random(100, 10_000, density=2e-3, random_state=0, format="csr")
+        C = _sparse(100, 10_000, 2000, "csr")
         C.data = np.ceil(C.data * 5)
         return LatentDirichletAllocation(2000, max_iter=1), (C,)
     if name == "ba":                     # the W step's blocks of 65,536 points
@@ -253,7 +262,7 @@ def test_a_wide_model_the_check_accepts_fits_within_the_workers_memory(small_wor
 
     client = small_workers
     rng = np.random.default_rng(0)
-    A = sp.random(200, 300_000, density=1e-5, random_state=0, format="csr")
+    A = _sparse(200, 300_000, 600, "csr")
     y = rng.standard_normal(200)
     pids = client.run(os.getpid)
     est = SparsifiedSGDRegressor(max_iter=3, tol=None, random_state=0, backend=client,
