@@ -210,8 +210,9 @@ _CHILD = textwrap.dedent("""
         while not (folder / "go").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         est, result, (t0, t1) = m.fit(name, seed, client)
+    arrays = {{f"r{{i}}": r for i, r in enumerate(result)}}
     np.savez(folder / f"out-{{seed}}.npz", t=np.array([t0, t1]),
-             rounds=len(est.round_history_["round"]), **{{f"r{{i}}": r for i, r in enumerate(result)}})
+             rounds=len(est.round_history_["round"]), **arrays)
 """)
 
 
