@@ -15,6 +15,16 @@ after a recovery), objective to 1e-9 (Lasso 1e-8; LDA's topic-word counts and
 log-likelihood exactly). It reports fits completed, kills,
 recoveries, divergences (expected: none), failures and hangs (a fit over 120 s), and writes
 ``benchmarks/results/soak.json``. ``tests/test_soak.py`` runs a version of about a minute.
+
+    python benchmarks/soak.py --leak            # 200 small fits, no kills: memory and fds
+
+``--leak`` instead fits ``--fits`` (200) tiny models in a row (Lasso, MatrixFactorization
+CCD++ and CCD, LatentDirichletAllocation, SparsifiedSGDRegressor, BinaryAutoencoder, in
+turn) on one 2-worker cluster, with no kills, and reads every worker's and the scheduler's
+resident memory (``VmRSS`` of ``/proc/self/status``, after a ``gc.collect()``) and open file
+descriptors (``/proc/self/fd``) after a warm-up of ``--warmup`` (20) fits and every 20 fits
+after it. Writes ``benchmarks/results/soak-leak.json``; ``tests/test_soak.py`` asserts the
+growth after the warm-up is bounded.
 """
 
 from __future__ import annotations
@@ -167,13 +177,117 @@ def run_soak(client, seconds: float, *, seed: int = 0, kill_prob: float = 0.8,
     return stats
 
 
+def _process_usage(dask_worker=None, dask_scheduler=None) -> dict:
+    """Resident memory (bytes) and open file descriptors of the calling process, after a
+    collection (what a leak keeps, not garbage not yet collected)."""
+    import gc
+
+    gc.collect()
+    rss = 0
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1]) * 1024
+    return {"rss": rss, "fds": len(os.listdir("/proc/self/fd"))}
+
+
+def cluster_usage(client) -> dict:
+    """{process: {"rss", "fds"}} of the scheduler and of every worker (by name)."""
+    names = {a: str(w["name"]) for a, w in client.scheduler_info()["workers"].items()}
+    out = {f"worker {names.get(a, a)}": u for a, u in client.run(_process_usage).items()}
+    out["scheduler"] = client.run_on_scheduler(_process_usage)
+    return out
+
+
+def _tiny_fits(seed=0):
+    """Tiny fits of every estimator: (name, make(backend), fit args)."""
+    from sklearn.datasets import load_digits
+
+    from dmp.decomposition import LatentDirichletAllocation, MatrixFactorization
+    from dmp.hashing import BinaryAutoencoder
+    from dmp.linear_model import Lasso, SparsifiedSGDRegressor
+
+    rng = np.random.default_rng(seed)
+    R = sp.random(120, 60, density=0.2, random_state=seed, format="coo")
+    R.data = rng.uniform(1, 5, R.nnz)
+    X = sp.random(80, 300, density=0.05, random_state=seed, format="csc")
+    y = X @ rng.standard_normal(300) + 0.01 * rng.standard_normal(80)
+    A = rng.standard_normal((200, 10))
+    b = A @ rng.standard_normal(10)
+    C = sp.random(60, 100, density=0.1, random_state=seed, format="csr")
+    C.data = rng.integers(1, 5, C.nnz).astype(float)
+    D = load_digits().data[:200]
+    kw = dict(n_workers=2, random_state=0)
+    return [
+        ("lasso", lambda b: Lasso(alpha=0.01, max_iter=5, tol=0, backend=b, **kw), (X, y)),
+        ("mf-ccd++", lambda b: MatrixFactorization(n_components=3, max_iter=2, tol=0,
+                                                   backend=b, **kw), (R,)),
+        ("mf-ccd", lambda b: MatrixFactorization(n_components=3, max_iter=2, tol=0,
+                                                 method="ccd", backend=b, **kw), (R,)),
+        ("lda", lambda b: LatentDirichletAllocation(3, max_iter=2, backend=b, **kw), (C,)),
+        ("sparsified", lambda b: SparsifiedSGDRegressor(max_iter=10, tol=None, backend=b,
+                                                         **kw), (A, b)),
+        ("ba", lambda b: BinaryAutoencoder(4, max_iter=1, validation_size=20, backend=b,
+                                           **kw), (D,)),
+    ]
+
+
+def run_leak_check(client, n_fits: int = 200, *, warmup: int = 20, every: int = 20,
+                   log=print) -> dict:
+    """Fit ``n_fits`` tiny models in a row on ``client`` (the first ``warmup`` of them a
+    warm-up); returns the usage of every process after the warm-up (``start``), at the end
+    (``end``), every ``every`` fits (``samples``) and the growth from start to end."""
+    fits = _tiny_fits()
+    samples = []
+    start = None
+    t0 = time.monotonic()
+    for n in range(n_fits):
+        name, make, args = fits[n % len(fits)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            make(client).fit(*args)
+        done = n + 1
+        if done == warmup or (done > warmup and (done - warmup) % every == 0) \
+                or done == n_fits:
+            usage = cluster_usage(client)
+            samples.append({"fits": done, "seconds": time.monotonic() - t0, **usage})
+            if start is None and done >= warmup:
+                start = usage
+            log(f"  {done:4d} fits {time.monotonic() - t0:6.1f} s  " + "  ".join(
+                f"{p}: {u['rss'] / 2**20:.1f} MiB {u['fds']} fds" for p, u in usage.items()))
+    end = samples[-1]
+    growth = {p: {"rss_mib": (end[p]["rss"] - u["rss"]) / 2**20,
+                  "rss_frac": (end[p]["rss"] - u["rss"]) / u["rss"],
+                  "fds": end[p]["fds"] - u["fds"]} for p, u in start.items() if p in end}
+    return {"fits": n_fits, "warmup": warmup, "seconds": time.monotonic() - t0,
+            "start": start, "end": {p: end[p] for p in start if p in end},
+            "growth": growth, "samples": samples}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kill-prob", type=float, default=0.8)
+    ap.add_argument("--leak", action="store_true",
+                    help="fit --fits tiny models in a row and report memory and fds")
+    ap.add_argument("--fits", type=int, default=200)
+    ap.add_argument("--warmup", type=int, default=20)
     args = ap.parse_args()
     from distributed import Client, LocalCluster
+
+    if args.leak:
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                          dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
+                Client(cluster) as client:
+            stats = run_leak_check(client, args.fits, warmup=args.warmup)
+        stats.update(date=datetime.date.today().isoformat(), cores=os.cpu_count(),
+                     loadavg_end=os.getloadavg())
+        print(json.dumps(stats["growth"], indent=2))
+        path = Path(__file__).parent / "results" / "soak-leak.json"
+        path.write_text(json.dumps(stats, indent=2))
+        print(f"wrote {path}")
+        return
 
     t0 = time.monotonic()
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,

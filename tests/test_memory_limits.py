@@ -93,18 +93,183 @@ def test_check_names_workers_and_memory_needed():
     check_partition_memory(Unknown(), specs, ["a"] * 4, {"a": 1})   # unknown: no check
 
 
-@pytest.mark.dask
-def test_model_too_big_for_the_workers_fails_early():
+def _sparse(n, p, nnz, format, seed=0):
+    """A random sparse matrix with about ``nnz`` stored values (`scipy.sparse.random` draws
+    its positions among all n * p cells: minutes for the wide shapes here)."""
+    rng = np.random.default_rng(seed)
+    M = sp.coo_matrix((rng.uniform(0.1, 1.0, nnz),
+                       (rng.integers(0, n, nnz), rng.integers(0, p, nnz))), shape=(n, p))
+    return M.asformat(format)
+
+
+def _too_big(name):
+    """A model of kind ``name`` whose partitions need more than 400 MiB workers allow (each
+    with tiny data: the model's own arrays are what is large)."""
+    from dmp.decomposition import LatentDirichletAllocation
+    from dmp.hashing import BinaryAutoencoder
+
+    rng = np.random.default_rng(0)
+    if name in ("mf-ccd++", "mf-ccd"):   # factors: 40,000 users x 300 components
+        return (MatrixFactorization(n_components=300, max_iter=1, method=name[3:]),
+                (_ratings(n_users=40_000, n_items=2_000, nnz=50_000),))
+    if name == "lasso":                  # residual and row links of 1.2M samples
+        n = 1_200_000
+        X = _sparse(n, 10, 1200, "csc")
+        return Lasso(alpha=0.01, max_iter=1), (X, rng.standard_normal(n))
+    if name == "sparsified":             # model-length vectors of 2M coordinates
+        A = _sparse(200, 2_000_000, 4000, "csr")
+        return SparsifiedSGDRegressor(max_iter=1), (A, rng.standard_normal(200))
+    if name == "lda":                    # word-topic blocks: 10,000 words x 2,000 topics
+        C = _sparse(100, 10_000, 2000, "csr")
+        C.data = np.ceil(C.data * 5)
+        return LatentDirichletAllocation(2000, max_iter=1), (C,)
+    if name == "ba":                     # the W step's blocks of 65,536 points
+        return BinaryAutoencoder(8, max_iter=1), (rng.standard_normal((2000, 64)),)
+    raise ValueError(name)
+
+
+@pytest.fixture(scope="module")
+def small_workers():
+    """Two worker processes with a memory limit of 400 MiB each."""
     from distributed import Client, LocalCluster
 
-    R = _ratings(n_users=40_000, n_items=2_000, nnz=50_000)
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       memory_limit="400MiB", dashboard_address=":0",
                       silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
-        mf = MatrixFactorization(n_components=300, max_iter=1, backend=client)
-        with pytest.raises(InsufficientMemoryError, match=r"use at least \d+ workers"):
-            mf.fit(R)
-        # nothing was created on the workers, and they are all still there
-        assert client.run(lambda dask_worker: len(dask_worker.state.actors)) == \
-            {w: 0 for w in client.scheduler_info()["workers"]}
-        assert len(client.scheduler_info()["workers"]) == 2
+        yield client
+
+
+@pytest.mark.dask
+@pytest.mark.parametrize("name", ["mf-ccd++", "mf-ccd", "lasso", "sparsified", "lda", "ba"])
+def test_model_too_big_for_the_workers_fails_early(small_workers, name):
+    client = small_workers
+    est, args = _too_big(name)
+    est.set_params(backend=client, n_workers=2)
+    with pytest.raises(InsufficientMemoryError, match=r"use at least \d+ workers"):
+        est.fit(*args)
+    # nothing was created on the workers, and they are all still there
+    assert client.run(lambda dask_worker: len(dask_worker.state.actors)) == \
+        {w: 0 for w in client.scheduler_info()["workers"]}
+    assert len(client.scheduler_info()["workers"]) == 2
+
+
+def _hog(dask_worker, nbytes):
+    """Hold ``nbytes`` of touched memory on the worker (until its process ends)."""
+    dask_worker._dmp_test_hog = np.ones(nbytes // 8)
+    return dask_worker._dmp_test_hog.nbytes
+
+
+@pytest.mark.dask
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", ["mf-ccd++", "lasso"])
+def test_worker_pushed_over_its_memory_limit_mid_fit_is_recovered(tmp_path, name):
+    """A worker whose memory passes Dask's terminate threshold (95% of its limit) during a
+    fit -- here something else on it allocates past its limit -- is restarted by its nanny;
+    the fit takes it as a worker loss, recovers from its checkpoint and ends with the
+    undisturbed result in bounded time, never waiting on it."""
+    import os
+    import threading
+    import time
+    import warnings
+
+    from distributed import Client, LocalCluster
+
+    X, y = make_problem(n=200, p=1500, density=0.03, seed=2)
+    fits = {
+        "mf-ccd++": (lambda **kw: MatrixFactorization(n_components=6, max_iter=10, tol=0,
+                                                      random_state=0, **kw),
+                     (_ratings(n_users=1500, n_items=400, nnz=30_000),), 2,
+                     lambda e: np.asarray(e.user_factors_)),
+        "lasso": (lambda **kw: Lasso(alpha=0.01, max_iter=200, tol=0, random_state=0,
+                                     schedule="round_robin", schedule_size=100, **kw),
+                  (X, y), 10, lambda e: e.coef_),
+    }
+    make, args, every, result = fits[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = make(backend="local", n_workers=2, checkpoint_every=every).fit(*args)
+    at_round = len(reference.history_["round"]) // 3
+    limit = 700 * 2**20
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, memory_limit=limit,
+                      dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
+            Client(cluster) as client:
+        victim = next(a for a, w in client.scheduler_info()["workers"].items()
+                      if str(w["name"]) == "1")
+        pid = client.run(os.getpid, workers=[victim])[victim]
+        fired = []
+
+        def hog(round, metrics):
+            if round == at_round and not fired:
+                fired.append(round)
+
+                def allocate():
+                    try:
+                        client.run(_hog, nbytes=limit, workers=[victim])
+                    except Exception:   # noqa: BLE001 - the worker may die mid-call
+                        pass
+                threading.Thread(target=allocate, daemon=True).start()
+            return False
+
+        t0 = time.monotonic()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est = make(backend=client, n_workers=2, checkpoint=str(tmp_path / "ck.zarr"),
+                       checkpoint_every=every, callback=hog).fit(*args)
+        wall = time.monotonic() - t0
+        pids = set(client.run(os.getpid).values())
+    assert fired == [at_round]
+    assert pid not in pids, "the worker over its memory limit was not restarted"
+    assert len(est.recoveries_) >= 1, est.recoveries_
+    assert wall < 120, f"the recovered fit took {wall:.0f} s"
+    np.testing.assert_allclose(result(est), result(reference), rtol=1e-7, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(20, 200_000), (20_000, 40)])
+@pytest.mark.parametrize("fit_intercept", [True, False])
+def test_the_smoothness_constant_never_densifies_a_partition(shape, fit_intercept):
+    """The largest eigenvalue of a partition's Gram matrix (sparsified SGD's step size,
+    computed on the worker) comes from the small Gram matrix built by sparse products: a
+    partition of few rows and many features used to be densified whole (20 x 200,000: 32 MB
+    for 4,000 stored values), which pushed workers the memory check had accepted past their
+    limit."""
+    import tracemalloc
+
+    from dmp.linear_model._sparsified_program import max_eigenvalue_gram
+
+    A = sp.random(*shape, density=0.01, random_state=1,
+                  format="csr")
+    M = A.toarray()
+    if fit_intercept:
+        M = np.hstack([M, np.ones((shape[0], 1))])
+    expected = np.linalg.svd(M, compute_uv=False)[0] ** 2
+    tracemalloc.start()
+    try:
+        got = max_eigenvalue_gram(A, fit_intercept)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got == pytest.approx(expected, rel=1e-10)
+    assert peak < M.nbytes / 4, f"peak {peak} bytes for a {M.nbytes}-byte dense matrix"
+
+
+@pytest.mark.dask
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_wide_model_the_check_accepts_fits_within_the_workers_memory(small_workers):
+    """Sparsified SGD on 2 x 100 rows of 300,000 features: the memory check accepts it on
+    400 MiB workers, and the fit runs there with no worker restarted (before the fix both
+    workers passed their limit in round 0 and the fit ended 'no Dask workers left')."""
+    import os
+
+    client = small_workers
+    rng = np.random.default_rng(0)
+    A = _sparse(200, 300_000, 600, "csr")
+    y = rng.standard_normal(200)
+    pids = client.run(os.getpid)
+    est = SparsifiedSGDRegressor(max_iter=3, tol=None, random_state=0, backend=client,
+                                 n_workers=2).fit(A, y)
+    ref = SparsifiedSGDRegressor(max_iter=3, tol=None, random_state=0, backend="local",
+                                 n_workers=2).fit(A, y)
+    assert client.run(os.getpid) == pids and est.recoveries_ == []
+    np.testing.assert_allclose(est.coef_, ref.coef_, rtol=1e-12, atol=1e-15)

@@ -56,10 +56,22 @@ def max_eigenvalue_gram(A, fit_intercept: bool) -> float:
     if n == 0:
         return 0.0
     if min(n, D) <= 600:
-        M = A.toarray() if sp.issparse(A) else np.asarray(A)
-        if fit_intercept:
-            M = np.hstack([M, np.ones((n, 1))])
-        small = M @ M.T if n < D else M.T @ M
+        # the small Gram matrix, from products that never densify A: a partition of few rows
+        # and many features (or few features and many rows) would not fit the worker densified
+        if n < D:   # [A 1][A 1]^T = A A^T + 1 1^T
+            small = A @ A.T
+            small = small.toarray() if sp.issparse(small) else np.asarray(small)
+            if fit_intercept:
+                small = small + 1.0
+        else:       # [A 1]^T [A 1] = [[A^T A, A^T 1], [1^T A, n]]
+            AtA = A.T @ A
+            AtA = AtA.toarray() if sp.issparse(AtA) else np.asarray(AtA)
+            if fit_intercept:
+                col = np.asarray(A.sum(axis=0)).ravel()
+                small = np.empty((D, D))
+                small[:d, :d], small[:d, d], small[d, :d], small[d, d] = AtA, col, col, n
+            else:
+                small = AtA
         return float(np.linalg.eigvalsh(small)[-1])
 
     def matvec(v):
