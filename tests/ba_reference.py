@@ -9,7 +9,7 @@ import numpy as np
 
 
 def serial_ba_mac(X, *, n_bits, n_epochs, mu0, mu_factor, max_iter, batch, lam, seed,
-                  itq_iter):
+                  itq_iter, init_margin=None):
     X32 = np.asarray(X, dtype=np.float32)
     # the partition's one-off shuffle of its points
     X32 = X32[np.random.default_rng([seed, 6, 0, 0]).permutation(len(X32))]
@@ -31,6 +31,8 @@ def serial_ba_mac(X, *, n_bits, n_epochs, mu0, mu_factor, max_iter, batch, lam, 
         U, _, Wt = np.linalg.svd(V.T @ np.where(V @ R >= 0, 1.0, -1.0))
         R = U @ Wt
     proj = W_pca @ R
+    if init_margin is not None:       # each bit's A x + a with standard deviation init_margin
+        proj = proj * (init_margin / np.sqrt(np.diag(proj.T @ cov @ proj)))
     A, a = proj.T.copy(), -mean @ proj
     Z = ((Xs @ A.T + a) > 0).astype(np.float64)
     eta0 = 1.0 / (np.trace(cov) + mean @ mean + 1.0)

@@ -114,7 +114,7 @@ class ParMACProgram(Program):
 
     def __init__(self, dataset, *, n_bits, n_epochs, mu0, mu_factor, max_mac_iter,
                  batch_size, alpha, decoder, z_method, itq_iter, validation, arrivals,
-                 seed):
+                 seed, init_margin=None):
         super().__init__()
         if decoder not in ("exact", "sgd"):
             raise ValueError(f"decoder must be 'exact' or 'sgd', got {decoder!r}")
@@ -130,6 +130,7 @@ class ParMACProgram(Program):
         self.decoder = decoder
         self.z_method = z_method
         self.itq_iter = int(itq_iter)
+        self.init_margin = None if init_margin is None else float(init_margin)
         self.arrivals = {int(i): [int(k) for k in ks] for i, ks in (arrivals or {}).items()}
         self.seed = int(seed)
         # the driver keeps the validation set; partitions never need it
@@ -441,7 +442,7 @@ class ParMACProgram(Program):
         rng = np.random.default_rng([self.seed, 4])
         R, _ = np.linalg.qr(rng.standard_normal((self.n_bits, self.n_bits)))
         sq = float(np.trace(cov) + mean @ mean)     # mean ||x||^2 of the scaled points
-        dr.update(n=n, lo=lo, scale=scale, mean=mean, W_pca=W_pca, R=R)
+        dr.update(n=n, lo=lo, scale=scale, mean=mean, W_pca=W_pca, R=R, cov=cov)
         # what a re-created partition needs besides the model (after a worker loss)
         dr["settings"] = {"lo": lo, "scale": scale, "eta_enc": 1.0 / (sq + 1.0),
                           "eta_dec": 1.0 / (self.n_bits / 2 + 1.0)}
@@ -574,6 +575,13 @@ class ParMACProgram(Program):
     def _init_encoder(self):
         dr = self.driver
         proj = dr["W_pca"] @ dr["R"]                   # (D, L)
+        if self.init_margin is not None:
+            # the same hyperplanes, scaled so that each bit's A x + a has standard deviation
+            # init_margin: unit-norm ITQ directions on [0, 1]-scaled data put nearly every
+            # point inside the SVM's unit margin, and the first W step's SGD then turns the
+            # hyperplanes towards the class means instead of keeping the ITQ codes
+            sd = np.sqrt(np.maximum(np.einsum("dl,de,el->l", proj, dr["cov"], proj), 1e-300))
+            proj = proj * (self.init_margin / sd)
         dr["encoder0"] = (np.ascontiguousarray(proj.T), -dr["mean"] @ proj)
 
     def metrics(self):
