@@ -541,3 +541,19 @@ def test_isega_at_m_over_n_is_within_2_5x_of_dense_on_sorted_shards():
     k_dense, k_sparse = iterations_to(dense, fstar, 1e-8), iterations_to(sparse, fstar, 1e-8)
     assert k_dense is not None and k_sparse is not None, (k_dense, k_sparse)
     assert k_sparse <= 2.5 * k_dense, (k_sparse, k_dense)
+
+
+def test_default_tol_stops_at_the_same_suboptimality_whatever_tau():
+    # the window was m / tau iterations: tau = m/n ran on to 6e-8 while dense stopped at 4e-6
+    X, y = sorted_synthetic(3000, 40)
+    alpha = 3e-3
+    fstar, _ = logreg_optimum(X, y, alpha)
+    final = {}
+    for tau in ("all", "auto"):
+        est = SparsifiedSGDClassifier(alpha=alpha, n_workers=10, max_iter=3000,
+                                      blocks_per_worker=tau, backend="local",
+                                      random_state=0).fit(X, y)
+        assert est.n_iter_ < 3000
+        final[tau] = (est.objective_ - fstar) / fstar
+    ratio = final["auto"] / final["all"]
+    assert 1 / 3 <= ratio <= 3, final

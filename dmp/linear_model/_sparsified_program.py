@@ -435,7 +435,10 @@ class SparsifiedProgram(Program):
         if self.method in ("isgd", "isega") and not self.stochastic:
             A, L = d.get("A"), d.get("L")
             if A and L and A > 0 and L > 0:
-                return max(1, math.ceil(A / L - 1e-9))
+                # every shift block is refreshed about once per m / tau iterations, which
+                # bounds the progress per iteration when m / tau exceeds A / L (many workers)
+                r = self.n_blocks / self.tau
+                return max(1, math.ceil(A / L - 1e-9), math.ceil(r / 8 - 1e-9))
         return math.ceil(self.n_blocks / self.tau)
 
     def metrics(self):
