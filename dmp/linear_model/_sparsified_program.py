@@ -427,7 +427,10 @@ class SparsifiedProgram(Program):
         bests = d["bests"]
         if len(bests) > window:
             del bests[:len(bests) - window - 1]
-            if bests[0] - bests[-1] < self.tol * max(1.0, abs(bests[-1])):
+            scale = self.tol * max(1.0, abs(bests[-1]))
+            # a noisy phase (the shifts still far from the local gradients) can hold the
+            # best objective for a window while the current one hovers above it: not a stop
+            if bests[0] - bests[-1] < scale and f - bests[-1] < scale:
                 d["converged"] = True
 
     def _window_factor(self) -> int:
