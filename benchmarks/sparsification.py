@@ -728,6 +728,44 @@ def heterogeneous_study(datasets, workers, max_iter, log=print):
     return rows
 
 
+def null_space_tail(max_iter=3000, log=print):
+    """The slow tail on exactly collinear features (issue 27): ISEGA at tau = m/n on
+    ``make_classification(6000, 60)`` (2 redundant features), sorted by feature 0, n = 10,
+    alpha 1e-3.  Reports the tail's contraction per iteration against 1 - 2 step alpha and
+    the share of the final suboptimality carried by the design's null directions."""
+    from sklearn.datasets import make_classification
+    from sklearn.preprocessing import StandardScaler
+
+    alpha = 1e-3
+    X, y = make_classification(n_samples=6000, n_features=60, random_state=0)
+    X = StandardScaler().fit_transform(X)
+    o = np.argsort(X[:, 0], kind="stable")
+    X, y = X[o], y[o]
+    fstar, w, b = lbfgs_optimum(X, y, loss="log_loss", alpha=alpha)
+    Z = np.hstack([X, np.ones((len(y), 1))])
+    ev, V = np.linalg.eigh(Z.T @ Z / len(y))
+    null = V[:, ev < 1e-10 * ev[-1]]
+    out = {}
+    for tau in ("all", "auto"):
+        est, hits, _ = het_fit(X, y, "log_loss", alpha, fstar, 10, tau, max_iter)
+        s = (np.asarray(est.history_["objective"], dtype=float) - fstar) / abs(fstar)
+        x = np.append(est.coef_.ravel(), est.intercept_)
+        z = null.T @ x
+        k0, k1 = len(s) // 2, len(s) - 1
+        rate = float((s[k1] / s[k0]) ** (1.0 / (k1 - k0))) if s[k1] > 0 else None
+        out[tau] = {"iters": hits, "final": float(s[-1]), "step": float(est.step_size_),
+                    "tail_rate": rate, "predicted": 1 - 2 * est.step_size_ * alpha,
+                    "null_norm": float(np.linalg.norm(z)),
+                    "null_share": float(0.5 * alpha * z @ z / (s[-1] * abs(fstar)))
+                    if s[-1] > 0 else None}
+        log(f"tau={tau}: iterations to {HET_TARGETS}: {hits}; final {s[-1]:.2e}; "
+            f"null directions {null.shape[1]}, |null part of x| {out[tau]['null_norm']:.3f} "
+            f"({fmt(out[tau]['null_share'], '.0%')} of the final suboptimality); tail rate "
+            f"{fmt(rate, '.6f')} per iteration vs 1 - 2 step alpha = "
+            f"{out[tau]['predicted']:.6f}", flush=True)
+    return out
+
+
 # ----------------------------------------------------------------------------- driver
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -743,7 +781,13 @@ def main(argv=None):
     ap.add_argument("--het-data", nargs="+", choices=HET_DATASETS, default=list(HET_DATASETS))
     ap.add_argument("--het-workers", nargs="+", type=int, default=[10, 100])
     ap.add_argument("--het-max-iter", type=int, default=4000)
+    ap.add_argument("--null-space", action="store_true",
+                    help="only the issue-27 check of the slow tail on collinear features")
     args = ap.parse_args(argv)
+    if args.null_space:
+        warm_up()
+        null_space_tail()
+        return 0
     if args.heterogeneous:
         info = machine_info()
         print("date", info["date"], "loadavg", info["loadavg"], info["versions"]["dmp_commit"])
