@@ -8,6 +8,8 @@ Run from the repository root with the project's environment active::
     python benchmarks/sparsification.py              # everything, about 7 min on 2 cores
     python benchmarks/sparsification.py --quick      # smoke test, about a minute
     python benchmarks/sparsification.py --problems breast_cancer --no-dask
+    python benchmarks/sparsification.py --heterogeneous   # issue 27 grid, about 8 min
+    python benchmarks/sparsification.py --null-space      # issue 27 collinear-feature tail, 10 s
 
 It prints one table per problem, a summary with PASS/MISS per target and the Dask byte check,
 and writes a JSON file (default ``benchmarks/results/sparsification.json``, with
