@@ -8,6 +8,8 @@ Run from the repository root with the project's environment active::
     python benchmarks/sparsification.py              # everything, about 7 min on 2 cores
     python benchmarks/sparsification.py --quick      # smoke test, about a minute
     python benchmarks/sparsification.py --problems breast_cancer --no-dask
+    python benchmarks/sparsification.py --heterogeneous   # issue 27 grid, about 8 min
+    python benchmarks/sparsification.py --null-space      # issue 27 collinear-feature tail, 10 s
 
 It prints one table per problem, a summary with PASS/MISS per target and the Dask byte check,
 and writes a JSON file (default ``benchmarks/results/sparsification.json``, with
@@ -622,6 +624,150 @@ def print_dask(d):
           f"(max |x| = {d['max_abs_coef']:.3g})")
 
 
+# ----------------------------------------------------------------------------- issue 27
+HET_TARGETS = (1e-4, 1e-6, 1e-8)
+HET_DATASETS = ("synthetic_logistic", "breast_cancer", "digits", "wine", "diabetes",
+                "synthetic_squares")
+HET_SPLITS = ("feature", "label", "random")
+
+
+def het_data(name):
+    """(X standardised, y, loss, alpha) of the heterogeneous-split study (issue 27)."""
+    from sklearn import datasets as D
+    from sklearn.preprocessing import StandardScaler
+
+    if name == "synthetic_logistic":
+        X, y = D.make_classification(n_samples=6000, n_features=60, n_redundant=0,
+                                     random_state=0)
+        loss, alpha = "log_loss", 1e-3
+    elif name == "breast_cancer":
+        X, y = D.load_breast_cancer(return_X_y=True)
+        loss, alpha = "log_loss", 1e-2
+    elif name == "digits":
+        X, y = D.load_digits(return_X_y=True)
+        y, loss, alpha = (y >= 5).astype(int), "log_loss", 1e-2
+    elif name == "wine":
+        X, y = D.load_wine(return_X_y=True)
+        y, loss, alpha = (y == 0).astype(int), "log_loss", 1e-2
+    elif name == "diabetes":
+        X, y = D.load_diabetes(return_X_y=True)
+        y, loss, alpha = (y - y.mean()) / y.std(), "squared_error", 1e-3
+    elif name == "synthetic_squares":
+        X, y = D.make_regression(n_samples=4000, n_features=60, noise=10, random_state=0)
+        y, loss, alpha = y / y.std(), "squared_error", 1e-3
+    else:
+        raise ValueError(f"unknown data set {name!r}")
+    return StandardScaler().fit_transform(X), np.asarray(y, dtype=np.float64), loss, alpha
+
+
+def het_order(X, y, split):
+    """Row order of a split: sorted by the feature most correlated with y, by y, random."""
+    if split == "feature":
+        c = np.abs((X - X.mean(0)).T @ (y - y.mean()))
+        return np.argsort(X[:, int(np.argmax(c))], kind="stable")
+    if split == "label":
+        return np.argsort(y, kind="stable")
+    return np.random.default_rng(SEED).permutation(len(y))
+
+
+def het_fit(X, y, loss, alpha, fstar, n, tau, max_iter, tol=None):
+    """One fit with the default (auto) step; with tol=None it stops at the last target."""
+    cls = SparsifiedSGDRegressor if loss == "squared_error" else SparsifiedSGDClassifier
+
+    def callback(r, rec):
+        return tol is None and (rec["objective"] - fstar) / abs(fstar) <= HET_TARGETS[-1]
+
+    est = cls(alpha=alpha, n_workers=n, blocks_per_worker=tau, max_iter=max_iter, tol=tol,
+              backend="local", random_state=SEED, callback=callback)
+    with warnings.catch_warnings(), threadpool_limits(1):
+        warnings.simplefilter("ignore")
+        est.fit(X, y)
+    s = (np.asarray(est.history_["objective"], dtype=float) - fstar) / abs(fstar)
+    hits = []
+    for t in HET_TARGETS:
+        k = np.flatnonzero(s <= t)
+        hits.append(int(k[0]) - 1 if len(k) else None)
+    return est, hits, float((est.objective_ - fstar) / abs(fstar))
+
+
+def heterogeneous_study(datasets, workers, max_iter, log=print):
+    """ISEGA at tau = m/n against the dense method (tau = m), both with the default auto
+    step, on heterogeneous splits: iterations to each target and, with the default tol,
+    the final suboptimalities."""
+    rows = []
+    log(f"ISEGA at tau=m/n vs dense (tau=m), step auto, tol=None, cap {max_iter}; "
+        f"ratio target <= 2 at {HET_TARGETS}")
+    log(f"{'data':18s} {'split':7s} {'n':>4s} {'tau/m':>6s}  dense iters     isega iters"
+        f"       ratios          default-tol final (dense / isega)")
+    for name in datasets:
+        X0, y0, loss, alpha = het_data(name)
+        fstar = lbfgs_optimum(X0, y0, loss=loss, alpha=alpha)[0]
+        for split in HET_SPLITS:
+            o = het_order(X0, y0, split)
+            X, y = X0[o], y0[o]
+            for n in workers:
+                if n > len(y):
+                    continue
+                t0 = time.perf_counter()
+                dense, hd, _ = het_fit(X, y, loss, alpha, fstar, n, "all", max_iter)
+                sparse, hs, _ = het_fit(X, y, loss, alpha, fstar, n, "auto", max_iter)
+                _, _, fd = het_fit(X, y, loss, alpha, fstar, n, "all", max_iter, tol=1e-6)
+                _, _, fs = het_fit(X, y, loss, alpha, fstar, n, "auto", max_iter, tol=1e-6)
+                ratio = [None if a is None or b is None else b / max(a, 1)
+                         for a, b in zip(hd, hs)]
+                ok = all(r is not None and r <= 2 for r in ratio)
+                row = {"data": name, "split": split, "n": n, "m": int(sparse.n_blocks_),
+                       "tau": int(sparse.blocks_per_worker_), "dense_iters": hd,
+                       "isega_iters": hs, "ratio": ratio, "pass": ok,
+                       "step_dense": float(dense.step_size_),
+                       "step_isega": float(sparse.step_size_),
+                       "default_tol_final": [fd, fs], "wall_s": time.perf_counter() - t0}
+                rows.append(row)
+                log(f"{name:18s} {split:7s} {n:4d} {row['tau']:>2d}/{row['m']:<3d}  "
+                    f"{str(hd):15s} {str(hs):17s} "
+                    f"{' '.join(fmt(r, '.2f') for r in ratio):16s} "
+                    f"{fd:.1e} / {fs:.1e}  {'PASS' if ok else 'MISS'}", flush=True)
+    return rows
+
+
+def null_space_tail(max_iter=3000, log=print):
+    """The slow tail on exactly collinear features (issue 27): ISEGA at tau = m/n on
+    ``make_classification(6000, 60)`` (2 redundant features), sorted by feature 0, n = 10,
+    alpha 1e-3.  Reports the tail's contraction per iteration against 1 - 2 step alpha and
+    the share of the final suboptimality carried by the design's null directions."""
+    from sklearn.datasets import make_classification
+    from sklearn.preprocessing import StandardScaler
+
+    alpha = 1e-3
+    X, y = make_classification(n_samples=6000, n_features=60, random_state=0)
+    X = StandardScaler().fit_transform(X)
+    o = np.argsort(X[:, 0], kind="stable")
+    X, y = X[o], y[o]
+    fstar, w, b = lbfgs_optimum(X, y, loss="log_loss", alpha=alpha)
+    Z = np.hstack([X, np.ones((len(y), 1))])
+    ev, V = np.linalg.eigh(Z.T @ Z / len(y))
+    null = V[:, ev < 1e-10 * ev[-1]]
+    out = {}
+    for tau in ("all", "auto"):
+        est, hits, _ = het_fit(X, y, "log_loss", alpha, fstar, 10, tau, max_iter)
+        s = (np.asarray(est.history_["objective"], dtype=float) - fstar) / abs(fstar)
+        x = np.append(est.coef_.ravel(), est.intercept_)
+        z = null.T @ x
+        k0, k1 = len(s) // 2, len(s) - 1
+        rate = float((s[k1] / s[k0]) ** (1.0 / (k1 - k0))) if s[k1] > 0 else None
+        out[tau] = {"iters": hits, "final": float(s[-1]), "step": float(est.step_size_),
+                    "tail_rate": rate, "predicted": 1 - 2 * est.step_size_ * alpha,
+                    "null_norm": float(np.linalg.norm(z)),
+                    "null_share": float(0.5 * alpha * z @ z / (s[-1] * abs(fstar)))
+                    if s[-1] > 0 else None}
+        log(f"tau={tau}: iterations to {HET_TARGETS}: {hits}; final {s[-1]:.2e}; "
+            f"null directions {null.shape[1]}, |null part of x| {out[tau]['null_norm']:.3f} "
+            f"({fmt(out[tau]['null_share'], '.0%')} of the final suboptimality); tail rate "
+            f"{fmt(rate, '.6f')} per iteration vs 1 - 2 step alpha = "
+            f"{out[tau]['predicted']:.6f}", flush=True)
+    return out
+
+
 # ----------------------------------------------------------------------------- driver
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -631,7 +777,31 @@ def main(argv=None):
     ap.add_argument("--ridge-density", type=float, default=0.05,
                     help="density of the ridge design (1.0 = dense)")
     ap.add_argument("--out", default=None, help="JSON output path")
+    ap.add_argument("--heterogeneous", action="store_true",
+                    help="only the issue-27 study: ISEGA at tau=m/n vs dense on "
+                         "heterogeneous splits (writes sparsification-heterogeneous.json)")
+    ap.add_argument("--het-data", nargs="+", choices=HET_DATASETS, default=list(HET_DATASETS))
+    ap.add_argument("--het-workers", nargs="+", type=int, default=[10, 100])
+    ap.add_argument("--het-max-iter", type=int, default=4000)
+    ap.add_argument("--null-space", action="store_true",
+                    help="only the issue-27 check of the slow tail on collinear features")
     args = ap.parse_args(argv)
+    if args.null_space:
+        warm_up()
+        null_space_tail()
+        return 0
+    if args.heterogeneous:
+        info = machine_info()
+        print("date", info["date"], "loadavg", info["loadavg"], info["versions"]["dmp_commit"])
+        warm_up()
+        rows = heterogeneous_study(args.het_data, args.het_workers, args.het_max_iter)
+        out = Path(args.out or Path(__file__).parent / "results"
+                   / "sparsification-heterogeneous.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"machine": info, "rows": rows}, indent=1,
+                                  default=_json_default))
+        print(f"{sum(r['pass'] for r in rows)} of {len(rows)} PASS; wrote {out}")
+        return 0
 
     info = machine_info()
     print("Sparsification benchmark:", " ".join([sys.executable, *sys.argv]))

@@ -344,7 +344,9 @@ class SparsifiedSGDRegressor(RegressorMixin, _SparsifiedBase):
         gradients (``isaga`` then uses 1).
     step_size : float or "auto", default="auto"
         ``"auto"``: from the smoothness constants the workers report (ALGORITHMS.md 3.4),
-        ``1 / (L + (m/tau - 1) max_i w_i L_i)`` with method-specific factors.
+        ``1 / (L + (m/tau - 1) max_i w_i L_i)`` with method-specific factors; ``isega``
+        with exact local gradients uses the weighted mean ``sum_i w_i^2 L_i`` in place of
+        the max (its variance is spread over the workers' trailing shifts).
     momentum : float in [0, 1) or "auto", default="auto"
         ``iasgd`` only; ``"auto"``: from the condition number when the penalty is strongly
         convex, else the convex schedule k / (k + 3).
@@ -352,8 +354,11 @@ class SparsifiedSGDRegressor(RegressorMixin, _SparsifiedBase):
         Iterations (rounds).
     tol : float or None, default=1e-6
         Stop when the best objective decreased by less than ``tol * max(1, |best|)`` over
-        the last ``n_iter_no_change * ceil(m / tau)`` evaluations (every iteration with
-        exact gradients, every epoch otherwise); None runs ``max_iter`` iterations.
+        the last ``n_iter_no_change * c`` evaluations (every iteration with exact
+        gradients, every epoch otherwise), where ``c = max(ceil(A / L), ceil(m / (8 tau)))``
+        for ``isgd`` / ``isega`` with exact gradients (A / L: how much the auto step
+        shrinks against the dense one) and ``ceil(m / tau)`` otherwise, so that the final
+        suboptimality hardly depends on tau; None runs ``max_iter`` iterations.
     n_iter_no_change : int, default=10
     backend : {"auto", "local", "dask"}, distributed.Client or backend, default="auto"
     n_workers : int, optional
