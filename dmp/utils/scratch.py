@@ -57,27 +57,7 @@ def clean_stale_temporary_stores(root=None) -> list[str]:
     list of str
         The folders removed.
     """
-    root = root or tempfile.gettempdir()
-    removed = []
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return removed
-    host = socket.gethostname()
-    for entry in entries:
-        if not _NAME.match(entry.name) or not entry.is_dir(follow_symlinks=False):
-            continue
-        try:
-            with open(os.path.join(entry.path, OWNER_FILE)) as f:
-                owner = json.load(f)
-            pid = owner["pid"]
-            if owner.get("host") != host or not isinstance(pid, int) or _pid_alive(pid):
-                continue
-        except (OSError, ValueError, KeyError, TypeError):
-            continue   # no owner file (yet, or not dmp's): leave it
-        shutil.rmtree(entry.path, ignore_errors=True)
-        removed.append(entry.path)
-    return removed
+    return _remove_orphans(root or tempfile.gettempdir(), _NAME)
 
 
 # --------------------------------------------------------------------------- partial outputs
@@ -120,9 +100,14 @@ def clean_stale_partials(path) -> list[str]:
     list of str
         The folders removed.
     """
-    path = os.path.abspath(os.fspath(path))
-    parent, base = os.path.split(path)
-    pattern = re.compile("^" + re.escape(base) + _PARTIAL_TAIL + "$")
+    parent, base = os.path.split(os.path.abspath(os.fspath(path)))
+    return _remove_orphans(parent, re.compile("^" + re.escape(base) + _PARTIAL_TAIL + "$"))
+
+
+def _remove_orphans(parent: str, pattern: re.Pattern) -> list[str]:
+    """Remove the folders of ``parent`` whose names match ``pattern`` and whose owner file
+    names a process of this host that is gone; a folder without a readable owner file (not
+    yet written, or not dmp's) is left alone."""
     removed = []
     try:
         entries = list(os.scandir(parent))
