@@ -63,6 +63,27 @@ def make_problem(n=150, p=600, density=0.05, seed=0, dense=False):
     return (X.toarray() if dense else X), y
 
 
+def make_ratings(n_users, n_items, nnz, *, rank=4, seed=0):
+    """Low-rank ratings plus noise (COO): rank-``rank`` Gaussian factors, ``nnz`` distinct
+    positions."""
+    rng = np.random.default_rng(seed)
+    flat = rng.choice(n_users * n_items, nnz, replace=False)
+    U, V = rng.standard_normal((n_users, rank)), rng.standard_normal((n_items, rank))
+    u, i = flat // n_items, flat % n_items
+    r = np.einsum("ij,ij->i", U[u], V[i]) + 0.3 * rng.standard_normal(nnz)
+    return sp.coo_matrix((r, (u, i)), shape=(n_users, n_items))
+
+
+def make_corpus(n_docs, n_words, *, n_topics=4, doc_len=40, seed=4):
+    """Documents (CSR counts) drawn from ``n_topics`` sparse Dirichlet topics."""
+    rng = np.random.default_rng(seed)
+    phi = rng.dirichlet(np.full(n_words, 0.05), n_topics)
+    theta = rng.dirichlet(np.full(n_topics, 0.2), n_docs)
+    rows = [np.bincount(rng.choice(n_words, doc_len, p=theta[d] @ phi), minlength=n_words)
+            for d in range(n_docs)]
+    return sp.csr_matrix(np.array(rows, dtype=np.float64))
+
+
 def alpha_max(X, y, fit_intercept=True):
     yt = y - y.mean() if fit_intercept else y
     return float(np.abs(X.T @ yt).max()) / X.shape[0]

@@ -25,7 +25,7 @@ from dmp.engine.checkpoint import CheckpointStore
 from dmp.exceptions import CheckpointError, CheckpointLockedError, CheckpointWarning, DMPError
 from dmp.linear_model import Lasso, SparsifiedSGDRegressor
 
-from conftest import alpha_max, make_problem
+from conftest import alpha_max, make_corpus, make_problem, make_ratings
 
 
 # ---------------------------------------------------------------------------------- helpers
@@ -63,21 +63,11 @@ def _assert_same_lasso(resumed, full, X, y):
 
 # ------------------------------------------------- item 3: resume of in-memory data on Dask
 def _ratings(n_users=300, n_items=120, nnz=6000, seed=0):
-    rng = np.random.default_rng(seed)
-    flat = rng.choice(n_users * n_items, nnz, replace=False)
-    U, V = rng.standard_normal((n_users, 4)), rng.standard_normal((n_items, 4))
-    u, i = flat // n_items, flat % n_items
-    r = np.einsum("ij,ij->i", U[u], V[i]) + 0.3 * rng.standard_normal(nnz)
-    return sp.coo_matrix((r, (u, i)), shape=(n_users, n_items))
+    return make_ratings(n_users, n_items, nnz, rank=4, seed=seed)
 
 
 def _corpus(n_docs=120, n_words=150, n_topics=4, doc_len=40, seed=4):
-    rng = np.random.default_rng(seed)
-    phi = rng.dirichlet(np.full(n_words, 0.05), n_topics)
-    theta = rng.dirichlet(np.full(n_topics, 0.2), n_docs)
-    rows = [np.bincount(rng.choice(n_words, doc_len, p=theta[d] @ phi), minlength=n_words)
-            for d in range(n_docs)]
-    return sp.csr_matrix(np.array(rows, dtype=np.float64))
+    return make_corpus(n_docs, n_words, n_topics=n_topics, doc_len=doc_len, seed=seed)
 
 
 def _models():

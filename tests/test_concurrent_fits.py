@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from conftest import make_corpus, make_ratings
 
 pytestmark = [pytest.mark.dask, pytest.mark.slow]
 
@@ -26,21 +27,11 @@ HERE = Path(__file__).resolve().parent
 
 # ----------------------------------------------------------------------------- the models
 def _ratings(seed=0, n_users=400, n_items=150, nnz=8000):
-    rng = np.random.default_rng(seed)
-    flat = rng.choice(n_users * n_items, nnz, replace=False)
-    U, V = rng.standard_normal((n_users, 4)), rng.standard_normal((n_items, 4))
-    u, i = flat // n_items, flat % n_items
-    r = np.einsum("ij,ij->i", U[u], V[i]) + 0.3 * rng.standard_normal(nnz)
-    return sp.coo_matrix((r, (u, i)), shape=(n_users, n_items))
+    return make_ratings(n_users, n_items, nnz, rank=4, seed=seed)
 
 
 def _corpus(seed=4, n_docs=150, n_words=200, n_topics=4, doc_len=40):
-    rng = np.random.default_rng(seed)
-    phi = rng.dirichlet(np.full(n_words, 0.05), n_topics)
-    theta = rng.dirichlet(np.full(n_topics, 0.2), n_docs)
-    rows = [np.bincount(rng.choice(n_words, doc_len, p=theta[d] @ phi), minlength=n_words)
-            for d in range(n_docs)]
-    return sp.csr_matrix(np.array(rows, dtype=np.float64))
+    return make_corpus(n_docs, n_words, n_topics=n_topics, doc_len=doc_len, seed=seed)
 
 
 def _lasso_data(seed=2):

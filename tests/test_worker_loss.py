@@ -18,17 +18,13 @@ import scipy.sparse as sp
 
 from dmp.decomposition import LatentDirichletAllocation, MatrixFactorization
 from dmp.linear_model import SparsifiedSGDRegressor
+from conftest import make_corpus, make_ratings
 
 pytestmark = [pytest.mark.dask, pytest.mark.slow]
 
 
 def _ratings(seed=0, n_users=3000, n_items=600, nnz=90_000):
-    rng = np.random.default_rng(seed)
-    flat = rng.choice(n_users * n_items, nnz, replace=False)
-    U, V = rng.standard_normal((n_users, 5)), rng.standard_normal((n_items, 5))
-    u, i = flat // n_items, flat % n_items
-    r = np.einsum("ij,ij->i", U[u], V[i]) + 0.3 * rng.standard_normal(nnz)
-    return sp.coo_matrix((r, (u, i)), shape=(n_users, n_items))
+    return make_ratings(n_users, n_items, nnz, rank=5, seed=seed)
 
 
 def _cases():
@@ -54,12 +50,7 @@ def _cases():
 
 
 def _corpus(n_docs=400, n_words=500, n_topics=6, doc_len=60):
-    rng = np.random.default_rng(4)
-    phi = rng.dirichlet(np.full(n_words, 0.05), n_topics)
-    theta = rng.dirichlet(np.full(n_topics, 0.2), n_docs)
-    rows = [np.bincount(rng.choice(n_words, doc_len, p=theta[d] @ phi), minlength=n_words)
-            for d in range(n_docs)]
-    return sp.csr_matrix(np.array(rows, dtype=np.float64))
+    return make_corpus(n_docs, n_words, n_topics=n_topics, doc_len=doc_len, seed=4)
 
 
 def _final_metric(est) -> float:
