@@ -60,8 +60,9 @@ import yaml
 
 from . import corpus, dense, ratings, svmlight, synthetic
 from .rows import write_sparse_rows
-from .sparse import (DatasetError, _exists, _is_dmp_dataset, _normalize_path, _open_group,
-                     open_dataset, write_sparse)
+from ._store import (DatasetError, _exists, _is_dmp_dataset, _normalize_path, _open_group,
+                     open_dataset)
+from .sparse import write_sparse
 
 __all__ = ["default_cache_dir", "load_recipe", "build_dataset", "fetch_pypi_member",
            "GENERATORS", "CONVERTERS"]

@@ -17,8 +17,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from ..engine import resolve_backend, run
 from ..engine.checkpoint import content_digest, dataset_fingerprint, tag_content
 from ..engine.runner import history_arrays
-from ..io.sparse import require_store_kind
-from ..utils.data import InMemorySparseDataset
+from ..io.sparse import InMemorySparseDataset, require_store_kind
 from ..utils.estimator import SharedBackendMixin
 from ..utils.scratch import temporary_store_dir
 from ..utils.text import plural
