@@ -27,12 +27,13 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from ._input import _is_dask, _prepare_input  # noqa: F401 (_is_dask: imported from here)
+from ._input import _prepare_input
 from ._store import (FORMAT_VERSION, DatasetError, _atomic_write, _balanced_bounds,
                      _check_dest, _check_n_shards, _default_n_shards, _normalize_path,
                      _StoredDataset, _write_array, open_dataset, partition_shards,
                      sklearn_indices, store_kind)
-# what the estimators and the pipeline import from here (their home is dmp.io._store)
+# names the estimators and the pipeline import from here (their homes: _input, _store)
+from ._input import _is_dask  # noqa: F401
 from ._store import (STORE_KINDS, _group_has_attrs, attr_int, attr_ints,  # noqa: F401
                      check_allocation, check_compressed, check_read, require_store_kind)
 
