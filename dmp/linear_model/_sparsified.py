@@ -316,7 +316,7 @@ class SparsifiedSGDRegressor(RegressorMixin, _SparsifiedBase):
     ``n_workers`` workers.  Each iteration every worker computes its local estimate, keeps
     ``blocks_per_worker`` (tau) of the ``n_blocks`` (m) coordinate blocks, sampled
     independently of the other workers, and uploads only those, scaled by m / tau on the
-    driver so the aggregate stays unbiased (ALGORITHMS.md Part 3).
+    driver so the aggregate stays unbiased (docs/algorithms.md, "Independent sparsification").
 
     Parameters
     ----------
@@ -343,7 +343,8 @@ class SparsifiedSGDRegressor(RegressorMixin, _SparsifiedBase):
         Rows per worker per iteration for stochastic gradients; None = exact local
         gradients (``isaga`` then uses 1).
     step_size : float or "auto", default="auto"
-        ``"auto"``: from the smoothness constants the workers report (ALGORITHMS.md 3.4),
+        ``"auto"``: from the smoothness constants the workers report
+        (docs/algorithms.md, "Step rule as implemented"),
         ``1 / (L + (m/tau - 1) max_i w_i L_i)`` with method-specific factors; ``isega``
         with exact local gradients uses the weighted mean ``sum_i w_i^2 L_i`` in place of
         the max (its variance is spread over the workers' trailing shifts).
