@@ -16,16 +16,20 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "dmp"
 
-#: the parts of dmp, floor by floor from the ground up; a part is a module or a package
-#: (a module belongs to the longest part that names it or a package above it)
+#: the parts of dmp, floor by floor from the ground up (docs/architecture.md, "Layers"); a
+#: part is a module or a package, and a module belongs to the longest part that names it or a
+#: package above it.  A part named before its module exists takes its floor when it does.
 LAYERS = (
     ("dmp.exceptions",),
     ("dmp.utils", "dmp.kernels", "dmp.pipeline_schema"),
     ("dmp.io", "dmp.engine"),                   # the formats and the engine know nothing of
                                                 # each other
     ("dmp.plotting",),
+    ("dmp.base",),                              # the estimators' base
     ("dmp.linear_model", "dmp.monitor"),
     ("dmp.decomposition", "dmp.hashing"),
+    ("dmp.reports",),                           # what a pipeline run reports, per estimator
+    ("dmp.utils.estimator_checks",),            # conformance checks run on any estimator
     ("dmp.pipeline", "dmp.testing"),
     ("dmp.k8s",),
     ("dmp.cli", "dmp._run_worker"),
