@@ -156,13 +156,14 @@ def test_mf_convergence_warning_points_at_the_callers_line():
 def _fit_as_shipped(name, **override):
     """The shipped pipeline's estimator on its dataset, in-process: the same iterates as on
     the cluster (tested elsewhere), in a fraction of the time."""
-    from dmp.pipeline import _estimator_class, _open_data
+    from dmp.pipeline import _open_data
+    from dmp.pipeline_schema import estimator_class
 
     spec = load_pipeline(REPO / "pipelines" / f"{name}.yaml")
     ds = _open_data(spec)
     params = {**spec["estimator"]["params"], "backend": "local", **override}
     (key, values), = (spec.get("compare") or {None: [None]}).items()
-    cls = _estimator_class(spec["estimator"]["class"])
+    cls = estimator_class(spec["estimator"]["class"])
     for value in values:
         p = dict(params, **({key: value} if key else {}))
         p.setdefault("n_workers", spec["cluster"]["n_workers"])
