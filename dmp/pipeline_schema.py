@@ -267,9 +267,9 @@ class PipelineSpec(Mapping):
     """A checked pipeline file (`load_pipeline`), every default filled in.
 
     The fields are the keys of `PIPELINE`; ``path`` is the file (resolved) and ``lines`` the
-    line of every key path in it (``{("estimator", "params", "tol"): 7, ...}``).  A spec also reads as the mapping the file
-    gives, defaults included (``spec["estimator"]["params"]``), as `load_pipeline` returned
-    it before the spec was typed.
+    line of every key path in it (``{("estimator", "params", "tol"): 7, ...}``).  A spec
+    also reads as the mapping the file gives, defaults included
+    (``spec["estimator"]["params"]``): what `load_pipeline` returned before it was typed.
     """
 
     name: str
