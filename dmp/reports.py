@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,7 +63,7 @@ class Fits:
         return {f"{self.cmp_key}={k}" if self.cmp_key else k: v for k, v in values.items()}
 
 
-class Reporter:
+class Reporter(ABC):
     """What a pipeline run reports of one estimator class (subclass per class, `register`).
 
     Parameters
@@ -101,19 +102,19 @@ class Reporter:
         return {"primary_metric": name, "direction": direction,
                 "value": value if np.isfinite(value) else None}
 
+    @abstractmethod
     def summary(self, est, wall_s: float) -> dict:
         """The model's own entries of the fit's ``metrics.json`` record (``rounds`` and
         ``wall_time_s`` among them)."""
-        raise NotImplementedError
 
     def run_metrics(self, est, wall_s: float) -> dict:
         """The fit's ``metrics.json`` record: `primary`, `summary`, `loop_times`."""
         return {**self.primary(est), **self.summary(est, wall_s),
                 **loop_times(self.rounds(est), wall_s)}
 
+    @abstractmethod
     def console(self, est, run: dict) -> str:
         """The model's own words on the fit's console line."""
-        raise NotImplementedError
 
     def fit_line(self, est, run: dict, wall_s: float) -> str:
         """The console line after a fit: the primary metric, the model's words, the rounds
@@ -143,9 +144,9 @@ class Reporter:
                           title=f"{fits.class_name} {label}" if fits.cmp_key else label,
                           metric=metric)
 
+    @abstractmethod
     def write_model(self, out: Path, fits: Fits, report: dict) -> None:
         """The model's files and figures."""
-        raise NotImplementedError
 
     def histories(self, fits: Fits) -> dict:
         """Every fit's `rounds`, by figure label."""
