@@ -21,9 +21,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dmp"
 #: package above it.  A part named before its module exists takes its floor when it does.
 LAYERS = (
     ("dmp.exceptions",),
-    ("dmp.utils", "dmp.kernels", "dmp.pipeline_schema"),
-    ("dmp.io", "dmp.engine"),                   # the formats and the engine know nothing of
-                                                # each other
+    ("dmp.utils", "dmp.kernels"),
+    ("dmp.io", "dmp.engine", "dmp.pipeline_schema"),  # the formats and the engine know
+                                                # nothing of each other
     ("dmp.plotting",),
     ("dmp.base",),                              # the estimators' base
     ("dmp.linear_model", "dmp.monitor"),
