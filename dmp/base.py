@@ -33,6 +33,7 @@ from .engine.runner import history_arrays
 from .io.sparse import require_store_kind
 from .utils.estimator import seed_from
 from .utils.scratch import temporary_store_dir
+from .utils.text import plural
 
 __all__ = ["DMPEstimator", "InMemoryData", "seed_from"]
 
@@ -83,8 +84,9 @@ class DMPEstimator(BaseEstimator):
 
     A model's ``fit`` calls ``self._fit(X, y, **options)``; ``options`` (e.g. ``X_val``,
     ``arrivals``) reach every hook as attributes of ``fit``, a namespace of the call that
-    also holds ``X``, ``y``, ``backend``, ``n_partitions``, ``dataset`` and ``program`` once
-    they exist (a hook may add what a later one needs).  The hooks, in the order they run:
+    also holds ``X``, ``y``, ``reset`` (False: a ``partial_fit`` continuing the model),
+    ``backend``, ``n_partitions``, ``dataset`` and ``program`` once they exist (a hook may
+    add what a later one needs).  The hooks, in the order they run:
 
     - ``_check_fit(fit)``: checks that need neither the backend nor the data (default none);
     - ``_is_dataset(X)``: whether ``X`` is a dmp store the workers read as it is;
@@ -92,7 +94,8 @@ class DMPEstimator(BaseEstimator):
       InMemoryData`` for in-memory data (validated as scikit-learn does);
     - ``_make_program(fit) -> Program``;
     - ``_fingerprint(fit) -> dict or None``: what a checkpoint must have been written by
-      (the base adds the estimator, the partitions and the data); None without checkpoints;
+      (the base adds the estimator, the shape, the partitions and the data); None without
+      checkpoints;
     - ``_run_options(fit) -> dict``: `dmp.engine.run`'s ``max_iter``, ``staleness``, ...;
     - ``_set_fitted(fit, result)``: the model's fitted attributes from ``fit.program`` and
       the `dmp.engine.RunResult` (the one place a model reads its program's state);
@@ -155,7 +158,7 @@ class DMPEstimator(BaseEstimator):
             self._validate_params()
         name = type(self).__name__
         require_store_kind(X, self._store_kinds, name)
-        fit = SimpleNamespace(X=X, y=y, scratch=None, **options)
+        fit = SimpleNamespace(**{"X": X, "y": y, "reset": True, "scratch": None, **options})
         self._check_fit(fit)
         checkpoints = "checkpoint" in self._parameter_constraints
         if checkpoints and self.resume and self.checkpoint is None:
@@ -168,6 +171,7 @@ class DMPEstimator(BaseEstimator):
             fingerprint = self._fingerprint(fit)
             if fingerprint is not None:
                 fingerprint = {"estimator": name, **fingerprint,
+                               "shape": [int(s) for s in fit.dataset.shape],
                                "n_partitions": fit.n_partitions,
                                "dataset": dataset_fingerprint(fit.dataset)}
             if checkpoints:
@@ -215,7 +219,9 @@ class DMPEstimator(BaseEstimator):
         raise NotImplementedError
 
     def _prepare_store(self, fit):
-        """The store ``fit.X`` checked: no separate target, not empty, enough shards."""
+        """The store ``fit.X`` of samples and their targets checked (no separate target,
+        not empty, enough shards, the fitted width unless ``fit.reset``); sets
+        ``n_features_in_``."""
         ds = fit.X
         if fit.y is not None:
             raise ValueError("y must be None when X is a dmp dataset (the target is read "
@@ -223,7 +229,11 @@ class DMPEstimator(BaseEstimator):
         if ds.n_samples < 1 or ds.n_features < 1:
             raise ValueError(f"dataset {getattr(ds, 'path', '')!r} is empty (shape "
                              f"{ds.shape})")
+        if not fit.reset and ds.n_features != self.n_features_in_:
+            raise ValueError(f"X has {ds.n_features} features, but {type(self).__name__} "
+                             f"is expecting {self.n_features_in_} features as input")
         self._check_shards(ds, fit.n_partitions)
+        self.n_features_in_ = ds.n_features
         return ds
 
     @staticmethod
@@ -233,6 +243,12 @@ class DMPEstimator(BaseEstimator):
             raise ValueError(f"the {what} has {ds.n_shards} shard(s) but {n_partitions} "
                              f"workers were requested; rewrite it with n_shards >= "
                              f"{n_partitions}")
+
+    @staticmethod
+    def _check_split(n: int, what: str, n_partitions: int) -> None:
+        """In-memory data of ``n`` rows (``what``: "sample", ...) has one per partition."""
+        if n < n_partitions:
+            raise ValueError(f"{plural(n, what)} cannot be split over {n_partitions} workers")
 
     def _prepare_in_memory(self, fit) -> InMemoryData:
         raise NotImplementedError

@@ -14,7 +14,7 @@ from sklearn.utils.validation import check_is_fitted
 from ..base import DMPEstimator, InMemoryData, computed
 from ..io import InMemorySparseRowDataset, write_sparse_rows
 from ..utils.estimator import seed_from
-from ..utils.text import plural, shown
+from ..utils.text import shown
 from . import _lda_kernels as K
 from ._lda_program import LDAProgram, check_count_values, check_documents
 
@@ -206,9 +206,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
             raise ValueError("X holds no tokens (every count is zero)")
         check_documents(X.indptr, "X")
         P = fit.n_partitions
-        if X.shape[0] < P:
-            raise ValueError(f"{plural(X.shape[0], 'document')} cannot be split over {P} "
-                             f"workers")
+        self._check_split(X.shape[0], "document", P)
         y = np.zeros(X.shape[0])
         return InMemoryData(
             local=lambda: InMemorySparseRowDataset(X, y, n_shards=P),
@@ -229,8 +227,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
 
     def _fingerprint(self, fit):
         return {"n_components": self.n_components, "alpha": fit.program.alpha,
-                "beta": fit.program.beta, "sampler": self.sampler,
-                "shape": [int(s) for s in fit.dataset.shape]}
+                "beta": fit.program.beta, "sampler": self.sampler}
 
     def _run_options(self, fit):
         P = fit.n_partitions

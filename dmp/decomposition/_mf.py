@@ -272,8 +272,7 @@ class MatrixFactorization(DMPEstimator):
 
     def _fingerprint(self, fit):
         return {"method": self.method, "n_components": int(self.n_components),
-                "alpha": float(self.alpha), "shape": [int(s) for s in fit.dataset.shape],
-                "block_size": fit.program.block_size}
+                "alpha": float(self.alpha), "block_size": fit.program.block_size}
 
     def _run_options(self, fit):
         program, per_iter = fit.program, fit.program.rounds_per_iter

@@ -33,13 +33,15 @@ def _write_points(folder, X, extra, n_shards):
     return ds
 
 
-def _check_points(X, estimator: str, n_features: int | None = None) -> np.ndarray:
+def _check_points(X, estimator: str, n_features: int | None = None,
+                  min_samples: int = 0) -> np.ndarray:
     """In-memory points as float32, refused with scikit-learn's words where it has them
-    (sparse or complex data, a 1-D array, no samples or features, a width other than the
-    fitted one) and `dmp.io.dense`'s otherwise (non-finite values, also in float32)."""
+    (sparse or complex data, fewer than ``min_samples``, a 1-D array, no samples or
+    features, a width other than the fitted one) and `dmp.io.dense`'s otherwise
+    (non-finite values, also in float32)."""
     X = check_array(computed(X), accept_sparse=False, dtype="numeric",
                     ensure_all_finite=False, ensure_2d=False, allow_nd=True,
-                    ensure_min_samples=0, ensure_min_features=0)
+                    ensure_min_samples=min_samples, ensure_min_features=0)
     if X.ndim != 2:
         raise ValueError(f"X must be 2-D (points x features), got shape {X.shape}. Reshape "
                          f"your data with X.reshape(1, -1) if it holds one point")
@@ -240,19 +242,15 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
                 raise ValueError(f"X must be 2-D with at least {P} points (one per worker), "
                                  f"got shape {X.shape}")
             return InMemoryData(local=None, write=lambda tmp: _write_points(tmp, X, [], P))
-        X = _check_points(X, type(self).__name__)
+        X = _check_points(X, type(self).__name__, min_samples=2)   # a hash needs variation
         self._check_bits(X.shape[1])
-        if X.shape[0] < 2:
-            raise ValueError(f"X has 1 sample: {type(self).__name__} needs at least 2 points "
-                             f"(a hash needs variation)")
         parts = [X]
         for i, Xa in sorted(fit.arrivals.items()):
             if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 1:
                 raise ValueError(f"arrivals keys are MAC iterations >= 1, got {shown(i)}")
             fit.held[int(i)] = [P + len(parts) - 1]
             parts.append(_check_dense(computed(Xa), f"arrivals[{i}]", X.shape[1]))
-        if X.shape[0] < P:
-            raise ValueError(f"{plural(X.shape[0], 'point')} cannot be split over {P} workers")
+        self._check_split(X.shape[0], "point", P)
         bounds = list(np.linspace(0, X.shape[0], P + 1).round().astype(np.int64))
         for Xa in parts[1:]:
             bounds.append(bounds[-1] + Xa.shape[0])

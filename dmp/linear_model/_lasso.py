@@ -209,11 +209,6 @@ class Lasso(RegressorMixin, DMPEstimator):
 
     _is_dataset = staticmethod(_is_dataset)
 
-    def _prepare_store(self, fit):
-        ds = super()._prepare_store(fit)
-        self.n_features_in_ = ds.n_features
-        return ds
-
     def _prepare_in_memory(self, fit):
         X, y = self._validate_xy(fit, accept_sparse="csc", y_numeric=True)
         P, p = fit.n_partitions, X.shape[1]
@@ -244,8 +239,7 @@ class Lasso(RegressorMixin, DMPEstimator):
     def _fingerprint(self, fit):
         # stale rounds see other updates: another chain of iterates
         return {"alpha": float(self.alpha), "fit_intercept": bool(self.fit_intercept),
-                "shape": list(fit.dataset.shape), "schedule": self.schedule,
-                "staleness": int(self.staleness)}
+                "schedule": self.schedule, "staleness": int(self.staleness)}
 
     def _run_options(self, fit):
         return {"max_iter": self.max_iter, "staleness": self.staleness}

@@ -15,7 +15,6 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from ..base import DMPEstimator, InMemoryData
 from ..io import InMemorySparseRowDataset, write_sparse_rows
 from ..utils.estimator import seed_from
-from ..utils.text import plural
 from ._sparsified_program import SparsifiedProgram
 
 
@@ -95,30 +94,24 @@ class _SparsifiedBase(DMPEstimator):
 
     def _prepare_store(self, fit):
         X = super()._prepare_store(fit)
-        if not fit.reset and X.n_features != self.n_features_in_:
-            raise ValueError(f"X has {X.n_features} features, but {type(self).__name__} is "
-                             f"expecting {self.n_features_in_} features as input")
-        self.n_features_in_ = X.n_features
         if self._needs_stored_targets:
-            self._check_labels(X.load_y(), fit.reset)
+            self._check_labels(X.load_y(), fit)
         self._stored_labels = True
         return X
 
     def _prepare_in_memory(self, fit):
         X, y = self._validate_xy(fit, accept_sparse="csr", reset=fit.reset,
                                  y_numeric=not isinstance(self, ClassifierMixin))
-        y = self._check_labels(y, fit.reset)
+        y = self._check_labels(y, fit)
         self._stored_labels = False
         X, P = sp.csr_matrix(X), fit.n_partitions
-        if X.shape[0] < P:
-            raise ValueError(f"{plural(X.shape[0], 'sample')} cannot be split over {P} "
-                             f"workers")
+        self._check_split(X.shape[0], "sample", P)
         return InMemoryData(
             local=lambda: InMemorySparseRowDataset(X, y, n_shards=P),
             write=lambda tmp: write_sparse_rows(f"{tmp}/data.zarr", X, y, n_shards=P),
             content=(X, y))
 
-    def _check_labels(self, y, reset):
+    def _check_labels(self, y, fit):
         y = np.asarray(y, dtype=np.float64)
         if not np.all(np.isfinite(y)):
             raise ValueError("y contains NaN or infinite values")
@@ -172,8 +165,7 @@ class _SparsifiedBase(DMPEstimator):
     def _fingerprint(self, fit):
         pr = fit.program
         return {"method": self.method, "loss": self.loss, "alpha": pr.alpha,
-                "l1_ratio": pr.l1_ratio, "shape": list(fit.dataset.shape),
-                "n_blocks": pr.n_blocks, "tau": pr.tau}
+                "l1_ratio": pr.l1_ratio, "n_blocks": pr.n_blocks, "tau": pr.tau}
 
     def _run_options(self, fit):
         # one epoch (partial_fit): one iteration with exact local gradients
@@ -185,9 +177,7 @@ class _SparsifiedBase(DMPEstimator):
         x, d = dr["x"], pr.n_features
         self._set_coef(x[:d], float(x[d]) if self.fit_intercept else 0.0)
         self.n_iter_ = max(result.n_rounds - 1, 0)
-        self.n_blocks_ = pr.n_blocks
-        self.blocks_per_worker_ = pr.tau
-        self.block_bounds_ = pr.bounds
+        self.n_blocks_, self.blocks_per_worker_, self.block_bounds_ = pr.n_blocks, pr.tau, pr.bounds
         self.step_size_ = float(dr["step"])
         self.momentum_ = dr["beta"]
         self.lipschitz_ = float(dr["L"])
@@ -218,13 +208,16 @@ class _SparsifiedBase(DMPEstimator):
         -------
         self
         """
-        return self._fit(X, y, reset=True, one_epoch=False, x0=None)
+        return self._fit(X, y, one_epoch=False, x0=None, classes=None)
 
-    def _partial(self, X, y):
+    def _partial(self, X, y, classes=None):
+        """One epoch from the current coefficients (from zero on the first call, whose
+        ``classes`` a classifier declares)."""
         first = not hasattr(self, "coef_")
         x0 = None if first else np.append(np.ravel(self.coef_),
                                           np.ravel(self.intercept_)[:int(self.fit_intercept)])
-        return self._fit(X, y, validate=False, reset=first, one_epoch=True, x0=x0)
+        return self._fit(X, y, validate=first, reset=first, one_epoch=True, x0=x0,
+                         classes=classes)
 
     def _decision(self, X):
         check_is_fitted(self)
@@ -366,8 +359,6 @@ class SparsifiedSGDRegressor(RegressorMixin, _SparsifiedBase):
         batch_size)`` iterations with stochastic ones.  Shifts and SAGA memories describe
         one batch, so they restart with every call.
         """
-        if not hasattr(self, "coef_"):
-            self._validate_params()
         return self._partial(X, y)
 
     def predict(self, X):
@@ -418,12 +409,12 @@ class SparsifiedSGDClassifier(ClassifierMixin, _SparsifiedBase):
         tags.classifier_tags.multi_class = False
         return tags
 
-    def _check_labels(self, y, reset):
+    def _check_labels(self, y, fit):
         y = np.asarray(y)
         kind = type_of_target(y, input_name="y", raise_unknown=True)
         classes = np.unique(y)
         # partial_fit's first call brings the classes (whatever this batch holds)
-        declared = getattr(self, "_declared_classes", None)
+        declared, reset = fit.classes, fit.reset
         if reset and declared is None:
             if kind != "binary" or len(classes) != 2:
                 raise ValueError(f"Only binary classification is supported. The type of the "
@@ -455,18 +446,14 @@ class SparsifiedSGDClassifier(ClassifierMixin, _SparsifiedBase):
         """One more epoch on (X, y) (see :meth:`SparsifiedSGDRegressor.partial_fit`);
         ``classes`` is required on the first call."""
         if not hasattr(self, "coef_"):
-            self._validate_params()
+            self._validate_params()   # before the classes are checked
             if classes is None:
                 raise ValueError("classes must be passed on the first call to partial_fit")
             classes = np.unique(classes)
             if len(classes) != 2:
                 raise ValueError(f"{type(self).__name__} is a binary classifier: got "
                                  f"{len(classes)} classes")
-            self._declared_classes = classes
-            try:
-                return self._partial(X, y)
-            finally:
-                del self._declared_classes
+            return self._partial(X, y, classes)
         if classes is not None and not np.array_equal(np.unique(classes), self.classes_):
             raise ValueError(f"classes={list(classes)} differs from classes_ "
                              f"{self.classes_.tolist()} of the earlier calls")
