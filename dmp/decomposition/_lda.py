@@ -9,7 +9,7 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import check_array, check_is_fitted
 
 from ..base import DMPEstimator, InMemoryData, computed
 from ..io import InMemorySparseRowDataset, write_sparse_rows
@@ -23,31 +23,48 @@ def _is_row_dataset(X) -> bool:
     return hasattr(X, "load_row_shards") and hasattr(X, "row_partition")
 
 
+#: the scikit-learn estimator checks that fit on random real values (`_expected_failed_checks`)
+_CHECKS_ON_REAL_VALUES = (
+    "check_dict_unchanged", "check_dont_overwrite_parameters", "check_dtype_object",
+    "check_estimators_dtypes", "check_estimators_fit_returns_self", "check_estimators_nan_inf",
+    "check_estimators_overwrite_params", "check_estimators_pickle",
+    "check_f_contiguous_array_estimator", "check_fit2d_1feature", "check_fit2d_1sample",
+    "check_fit2d_predict1d", "check_fit_check_is_fitted", "check_fit_idempotent",
+    "check_fit_score_takes_y", "check_methods_sample_order_invariance",
+    "check_methods_subset_invariance", "check_n_features_in",
+    "check_n_features_in_after_fitting", "check_pipeline_consistency",
+    "check_readonly_memmap_input", "check_transformer_data_not_an_array",
+    "check_transformer_general", "check_transformer_n_iter",
+    "check_transformer_preserve_dtypes")
+_SPARSE_CHECKS = ("check_estimator_sparse_array", "check_estimator_sparse_matrix",
+                  "check_estimator_sparse_tag")
+
+
 def check_counts(X, what: str = "X", n_features: int | None = None) -> sp.csr_matrix:
-    """A documents x words matrix of token counts as CSR float64, validated: 2-D, finite,
-    non-negative integers, at least one token, the expected number of words."""
-    X = computed(X)
-    if sp.issparse(X):
-        # a copy with one index dtype: the caller's matrix is never modified, and a CSR
-        # with int64 indptr but int32 indices (as loaded from a store) works in place
-        X = sp.csr_matrix(X, dtype=np.float64, copy=True)
-        X.indptr = X.indptr.astype(np.int64)
-        X.indices = X.indices.astype(np.int64)
-    else:
-        try:
-            arr = np.asarray(X, dtype=np.float64)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{what} must be a documents x words count matrix: {e}") from None
-        if arr.ndim != 2:
-            raise ValueError(f"{what} must be 2-D (documents x words), got shape {arr.shape}")
-        X = sp.csr_matrix(arr)
-    X.sum_duplicates()
+    """A documents x words matrix of token counts as CSR float64, validated: 2-D, real,
+    finite, non-negative integers, at least one token, the expected number of words
+    (refused with scikit-learn's words where it has them)."""
+    X = check_array(computed(X), accept_sparse=True, dtype="numeric", ensure_all_finite=False,
+                    ensure_2d=False, allow_nd=True, ensure_min_samples=0,
+                    ensure_min_features=0, input_name=what)
+    if X.ndim != 2:
+        raise ValueError(f"{what} must be 2-D (documents x words), got shape {X.shape}. "
+                         f"Reshape your data with X.reshape(1, -1) if it holds one document")
     if X.shape[0] < 1 or X.shape[1] < 1:
-        raise ValueError(f"{what} is empty (shape {X.shape})")
-    check_count_values(X.data, what)
+        found = f"{X.shape[1]} feature(s)" if X.shape[1] < 1 else f"{X.shape[0]} sample(s)"
+        raise ValueError(f"{what} is empty: found {found} (shape={X.shape}) while a minimum "
+                         f"of 1 is required.")
     if n_features is not None and X.shape[1] != n_features:
-        raise ValueError(f"{what} has {X.shape[1]} words (columns), but the model was fitted "
-                         f"on a vocabulary of {n_features}")
+        raise ValueError(f"{what} has {X.shape[1]} features, but LatentDirichletAllocation "
+                         f"is expecting {n_features} features as input (the vocabulary of "
+                         f"{n_features} words it was fitted on)")
+    # a copy with one index dtype: the caller's matrix is never modified, and a CSR with
+    # int64 indptr but int32 indices (as loaded from a store) works in place
+    X = sp.csr_matrix(X, dtype=np.float64, copy=True)
+    X.indptr = X.indptr.astype(np.int64)
+    X.indices = X.indices.astype(np.int64)
+    X.sum_duplicates()
+    check_count_values(X.data, what)
     X.eliminate_zeros()
     return X
 
@@ -164,9 +181,18 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = True
+        tags.input_tags.positive_only = True
         tags.requires_fit = True
         tags.transformer_tags.preserves_dtype = ["float64"]
         return tags
+
+    def _expected_failed_checks(self):
+        real = ("it fits on random real values: collapsed Gibbs sampling needs token counts "
+                "(non-negative integers), and LDA refuses anything else")
+        sparse = ("its sparse matrices hold random real values and rows of zeros: LDA needs "
+                  "token counts and refuses empty documents")
+        return {**dict.fromkeys(_CHECKS_ON_REAL_VALUES, real),
+                **dict.fromkeys(_SPARSE_CHECKS, sparse)}
 
     @property
     def _n_features_out(self):

@@ -47,8 +47,8 @@ def _check_points(X, estimator: str, n_features: int | None = None,
                          f"your data with X.reshape(1, -1) if it holds one point")
     if 0 in X.shape:
         what = "feature" if X.shape[1] == 0 else "sample"
-        raise ValueError(f"X is empty: 0 {what}(s) (shape={X.shape}) while a minimum of 1 "
-                         f"is required")
+        raise ValueError(f"X is empty: found 0 {what}(s) (shape={X.shape}) while a minimum of 1 "
+                         f"is required.")
     if n_features is not None and X.shape[1] != n_features:
         raise ValueError(f"X has {X.shape[1]} features, but {estimator} is expecting "
                          f"{n_features} features as input")
