@@ -11,7 +11,6 @@ the hooks the path calls (see `DMPEstimator`); its ``fit`` is one call of `DMPEs
 
 from __future__ import annotations
 
-import copy
 import numbers
 import os
 import shutil
@@ -22,7 +21,7 @@ from types import SimpleNamespace
 from typing import Callable
 
 import numpy as np
-from sklearn.base import BaseEstimator, clone
+from sklearn.base import BaseEstimator
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.validation import validate_data
@@ -31,7 +30,7 @@ from .engine import resolve_backend, run
 from .engine.checkpoint import content_digest, dataset_fingerprint, tag_content
 from .engine.runner import history_arrays
 from .io.sparse import require_store_kind
-from .utils.estimator import seed_from
+from .utils.estimator import SharedBackendMixin, seed_from
 from .utils.scratch import temporary_store_dir
 from .utils.text import plural
 
@@ -79,7 +78,7 @@ def computed(a):
     return a.compute() if hasattr(a, "dask") and hasattr(a, "compute") else a
 
 
-class DMPEstimator(BaseEstimator):
+class DMPEstimator(SharedBackendMixin, BaseEstimator):
     """Base class of dmp's estimators: one fitting path, the model's parts as hooks.
 
     A model's ``fit`` calls ``self._fit(X, y, **options)``; ``options`` (e.g. ``X_val``,
@@ -101,6 +100,7 @@ class DMPEstimator(BaseEstimator):
       the `dmp.engine.RunResult` (the one place a model reads its program's state);
     - ``_convergence_warning(fit, result) -> str or None``: the `ConvergenceWarning` to give.
 
+    A clone keeps a ``backend`` object by reference (`dmp.utils.estimator.SharedBackendMixin`).
     Class attributes: ``_store_kinds`` (the kinds of dmp store it fits) and
     ``_scratch_kind`` (the name of its temporary stores, `dmp.utils.scratch.KINDS`).  Models
     with checkpoints add `DMPEstimator._checkpoint_constraints` to their parameters.
@@ -125,24 +125,6 @@ class DMPEstimator(BaseEstimator):
         "checkpoint_every": [Interval(numbers.Integral, 1, None, closed="left")],
         "resume": ["boolean"],
     }
-
-    def __sklearn_clone__(self):
-        """A clone that keeps a ``backend`` object (a ``distributed.Client`` or a backend
-        instance) by reference: a client is a live connection that cannot be copied, and a
-        clone (in ``cross_val_score``, a grid search) should run on the same cluster anyway.
-        Every other parameter is cloned as scikit-learn does."""
-        params = self.get_params(deep=False)
-        new_params = {name: value if name == "backend" and not isinstance(value, str)
-                      else clone(value, safe=False) for name, value in params.items()}
-        new = type(self)(**new_params)
-        for name, value in new.get_params(deep=False).items():
-            if value is not new_params[name]:
-                raise RuntimeError(f"Cannot clone {self!r}: the constructor does not store "
-                                   f"parameter {name} unchanged")
-        for attr in ("_metadata_request", "_sklearn_output_config"):
-            if hasattr(self, attr):
-                setattr(new, attr, copy.deepcopy(getattr(self, attr)))
-        return new
 
     def _expected_failed_checks(self) -> dict:
         """``{check name: reason}`` of the scikit-learn estimator checks this estimator
@@ -175,14 +157,14 @@ class DMPEstimator(BaseEstimator):
                                "n_partitions": fit.n_partitions,
                                "dataset": dataset_fingerprint(fit.dataset)}
             if checkpoints:
-                options = dict(checkpoint=self.checkpoint, resume=self.resume,
-                               checkpoint_every=self.checkpoint_every)
+                run_options = dict(checkpoint=self.checkpoint, resume=self.resume,
+                                   checkpoint_every=self.checkpoint_every)
             else:
-                options = {}
-            options.update(self._run_options(fit))
+                run_options = {}
+            run_options.update(self._run_options(fit))
             result = run(fit.program, fit.backend, fingerprint=fingerprint,
                          callback=self.callback, show_progress=self.show_progress, desc=name,
-                         params=self.get_params(deep=False), **options)
+                         params=self.get_params(deep=False), **run_options)
         finally:
             fit.backend.close()
             if fit.scratch is not None:
