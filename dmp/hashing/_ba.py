@@ -41,7 +41,8 @@ def _check_points(X, estimator: str, n_features: int | None = None,
     (non-finite values, also in float32)."""
     X = check_array(computed(X), accept_sparse=False, dtype="numeric",
                     ensure_all_finite=False, ensure_2d=False, allow_nd=True,
-                    ensure_min_samples=min_samples, ensure_min_features=0)
+                    ensure_min_samples=min_samples, ensure_min_features=0,
+                    estimator=estimator)
     if X.ndim != 2:
         raise ValueError(f"X must be 2-D (points x features), got shape {X.shape}. Reshape "
                          f"your data with X.reshape(1, -1) if it holds one point")
