@@ -1,5 +1,8 @@
 """dmp: dynamic model parallelism on Dask (STRADS, ParMAC, independent sparsification)."""
 
+import atexit as _atexit
+import gc as _gc
+
 from .utils.cluster import set_monitor_registrar as _set_monitor_registrar
 
 __version__ = "0.1.0"
@@ -14,3 +17,8 @@ def _register_monitor(client) -> bool:
 
 
 _set_monitor_registrar(_register_monitor)
+
+# Interpreter shutdown's last collection walks the whole heap of numba, scipy and distributed
+# objects; a process that imported dmp (drivers and Dask workers alike) skips it and exits at
+# once.  Nothing of dmp's relies on a cyclic object being finalised at exit.
+_atexit.register(_gc.freeze)
