@@ -139,8 +139,9 @@ def paused_worker_error(client, address, info, waited) -> WorkerPausedError:
     memory = int((info.get("metrics") or {}).get("memory") or 0)
     limit = int(info.get("memory_limit") or 0)
     frac = _pause_fraction(client, address)
-    used = (f"its process uses {_mib(memory)} of its {_mib(limit)} memory limit "
-            f"({memory / limit:.0%})" if limit else f"its process uses {_mib(memory)}")
+    used = (f"its process uses {_bytes_text(memory)} of its {_bytes_text(limit)} memory "
+            f"limit ({memory / limit:.0%})" if limit
+            else f"its process uses {_bytes_text(memory)}")
     threshold = (f"Dask's pause threshold of {frac:.0%} (distributed.worker.memory.pause)"
                  if frac else "Dask's pause threshold (distributed.worker.memory.pause)")
     return WorkerPausedError(
@@ -156,7 +157,8 @@ def paused_worker_error(client, address, info, waited) -> WorkerPausedError:
 WORKER_BASE_BYTES = 300 * 2**20
 
 
-def _mib(n: float) -> str:
+def _bytes_text(n: float) -> str:
+    """``n`` bytes as a message says it: GiB from 1 GiB up (two decimals), else whole MiB."""
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
@@ -190,10 +192,11 @@ def check_partition_memory(program, specs, placement, limits) -> None:
              else f"The {len(estimates)} partitions need")
     raise InsufficientMemoryError(
         f"the model does not fit the workers' memory: the partition(s) placed on worker "
-        f"{name!r} need about {_mib(n)}, but its memory limit is {_mib(limit)} (Dask pauses "
-        f"a worker at {frac:.0%} of it, and about {_mib(WORKER_BASE_BYTES)} go to Python, "
-        f"Dask and Numba). {parts} about {_mib(total)} in all: "
-        f"{advice}workers with a memory limit of at least {_mib(per_worker)} each.")
+        f"{name!r} need about {_bytes_text(n)}, but its memory limit is {_bytes_text(limit)} "
+        f"(Dask pauses a worker at {frac:.0%} of it, and about "
+        f"{_bytes_text(WORKER_BASE_BYTES)} go to Python, Dask and Numba). {parts} about "
+        f"{_bytes_text(total)} in all: "
+        f"{advice}workers with a memory limit of at least {_bytes_text(per_worker)} each.")
 
 
 #: what distributed's own errors of reaching a worker say (plain ``OSError``, no errno:
