@@ -267,8 +267,7 @@ class LDAProgram(Program):
         # round takes it (see `partition_nbytes`).  The block of the
         # next push arriving after this partition's push of `round` finished (so no push
         # holds a dense block: the next one waits for this very block) is unpacked at once,
-        # off that push's critical path (measured: 4% per sweep at K = 1000 on 2 workers
-        # when every block was unpacked by its push)
+        # off that push's critical path (BENCHMARKS.md, "A model larger than a worker")
         b, packed = blk
         if s["next_push"] == round + 1:
             blk = (b, self._unpack(s, packed))

@@ -1,7 +1,7 @@
 """Compile every Numba kernel once on tiny inputs (fills the on-disk cache).
 
 Run ``python -m dmp.kernels._warmup`` before starting workers (CI, container builds): parallel
-first compilation on several worker processes is slow and has raced in the past (numba#4807).
+first compilation on several worker processes is slow and can race (numba#4807).
 """
 
 import numpy as np

@@ -314,8 +314,8 @@ class SparsifiedProgram(Program):
             # ISEGA's variance, (r-1) sum_i w_i^2 |grad f_i(x) - h_i|^2, is spread over all
             # workers as the shifts trail the iterates: the weighted mean of w_i L_i, not
             # the largest one, sets the step.  On shards sorted by a feature a few L_i are
-            # several times the mean and the max cost ~2.7x dense's iterations (issue 27;
-            # BENCHMARKS.md "ISEGA on heterogeneous shards")
+            # several times the mean, and the largest would cost many more iterations than
+            # dense's (BENCHMARKS.md "ISEGA on heterogeneous shards")
             A = L + (r - 1.0) * float(w @ (w * L_i))
         d["L"], d["L_w"], d["A"] = L, L_w, A
         if self.step_size == "auto":
@@ -432,9 +432,10 @@ class SparsifiedProgram(Program):
         # whatever tau: stop when the best objective improved by less than tol (relative).
         # With exact local gradients an ISGD / ISEGA iteration advances like A / L of a dense
         # one (the step shrinks by L / A), so the window is n_iter_no_change * ceil(A / L)
-        # iterations; a window of m / tau iterations (one epoch of blocks) let tau = m/n runs
-        # go on 10-60x below the dense method's final suboptimality (issue 27).  Stochastic
-        # estimators and momentum keep the epoch window n_iter_no_change * ceil(m / tau).
+        # iterations; a window of m / tau iterations (one epoch of blocks) would keep tau = m/n
+        # fits running far below the suboptimality the dense method stops at (BENCHMARKS.md
+        # "ISEGA on heterogeneous shards").  Stochastic estimators and momentum keep the epoch
+        # window n_iter_no_change * ceil(m / tau).
         window = self.n_iter_no_change * self._window_factor()
         bests = d["bests"]
         if len(bests) > window:

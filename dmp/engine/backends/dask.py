@@ -1,8 +1,8 @@
 """Dask backend: one resident actor per partition, pinned to a worker by *name*.
 
 Partitions load their shards on the worker from the dataset URL (the client ships only the
-program configuration, plans and small vectors).  Actor calls are direct worker RPCs (about
-1.4 ms) rather than tasks (about 10 ms), which keeps short rounds cheap.
+program configuration, plans and small vectors).  Actor calls are direct worker RPCs rather
+than tasks, which keeps short rounds cheap (BENCHMARKS.md, "Dask round costs").
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def paused_worker_error(client, address, info, waited) -> WorkerPausedError:
 
 
 #: resident memory of a worker before it holds a partition: Python, numpy/scipy, Dask, Numba
-#: and the kernels (about 230 MiB measured), plus a fit's fixed cost (about 55 MiB)
+#: and the kernels, plus a fit's fixed cost (BENCHMARKS.md, "Memory per worker")
 WORKER_BASE_BYTES = 300 * 2**20
 
 
@@ -384,8 +384,8 @@ class DaskBackend:
 
     def start(self, program, specs) -> None:
         if self.direct:
-            # actor calls go straight to the worker instead of through the scheduler (about
-            # 3x less latency per round); restored in close()
+            # actor calls go straight to the worker instead of through the scheduler (less
+            # latency per round: BENCHMARKS.md, "Dask round costs"); restored in close()
             self.client.direct_to_workers = True
         self._create(program, specs, self._worker_names())
 
@@ -688,9 +688,9 @@ class DaskBackend:
         """Queue ``msg`` for the scheduler's event log (topic "dmp").
 
         The round loop only appends to a queue: a task on the client's event loop sends what
-        accumulated, in order, as one message every `EVENT_FLUSH_S` seconds (one scheduler
-        round trip per round cost 10-20% of a short-round fit).  ``wait=True`` sends the queue
-        now and returns once the scheduler has it.
+        accumulated, in order, as one message every `EVENT_FLUSH_S` seconds (a scheduler
+        round trip per round slows short rounds: BENCHMARKS.md, "Live monitor overhead").
+        ``wait=True`` sends the queue now and returns once the scheduler has it.
         """
         self._events.append(msg)
         if wait:
