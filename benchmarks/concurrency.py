@@ -55,7 +55,7 @@ def _alu(n):
 
 def _lda_state(half: int, n_topics: int):
     """Tokens, assignments and counts of one half of the corpus (one block of all words)."""
-    from dmp.decomposition import _lda_kernels as K
+    from dmp.decomposition import _lda_kernels as kernels
     from dmp.decomposition._lda_program import expand_tokens, word_blocks
     from dmp.io.synthetic import make_lda_corpus
 
@@ -66,9 +66,9 @@ def _lda_state(half: int, n_topics: int):
     tok_doc, tok_row, _, _, doc_len = expand_tokens(Xp.indptr, Xp.indices, Xp.data, block,
                                                     row, 1)
     z = np.random.default_rng(half).integers(0, n_topics, len(tok_doc)).astype(np.int32)
-    ptr, pairs, cnt = K.doc_topic_lists(tok_doc, z, len(doc_len), n_topics)
+    ptr, pairs, cnt = kernels.doc_topic_lists(tok_doc, z, len(doc_len), n_topics)
     n_wk = np.zeros((X.shape[1], n_topics), np.int32)
-    K.count_block(0, len(z), tok_row, tok_doc, z, n_wk)
+    kernels.count_block(0, len(z), tok_row, tok_doc, z, n_wk)
     n_k = n_wk.sum(axis=0).astype(np.int64)
     return (tok_row, tok_doc, z, n_wk, n_k, ptr, pairs, cnt, np.empty(n_topics),
             np.empty(n_topics), np.empty(n_topics + 1), X.shape[1])
@@ -78,7 +78,7 @@ def _make_work(name: str, half: int):
     """A callable that runs one unit of the workload (state built once, here)."""
     if name == "alu":
         return lambda i: _alu(ALU_STEPS)
-    from dmp.decomposition import _lda_kernels as K
+    from dmp.decomposition import _lda_kernels as kernels
     from dmp.decomposition._lda_program import round_uniforms
 
     n_topics = int(name.split("K")[1])
@@ -88,8 +88,8 @@ def _make_work(name: str, half: int):
 
     def sweep(i):
         u = round_uniforms(0, i, half, len(z))
-        K.sample_sparse(0, len(z), tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta,
-                        n_words * beta, ptr, pairs, cnt, phi, buf, tree)
+        kernels.sample_sparse(0, len(z), tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta,
+                              n_words * beta, ptr, pairs, cnt, phi, buf, tree)
     return sweep
 
 

@@ -433,8 +433,9 @@ class EmulatedCluster:
         Dask settings for the scheduler and the workers, over the driver's (which they
         inherit, ``dask.config.set`` included).  ``None`` is dmp's
         ``QUIET_DASK_CONFIG`` (event-loop tick every 200 ms, system monitor every 5 s, no
-        profiler): with Dask's defaults an idle worker and its nanny take 0.04 core, a
-        sixth of a 0.25-core machine; with it 0.01.  ``{}`` keeps the driver's settings.
+        profiler): with Dask's defaults an idle worker and its nanny take a noticeable share
+        of a small emulated machine (BENCHMARKS.md, "Dask round costs").  ``{}`` keeps the
+        driver's settings.
     timeout : float, default 120
         Seconds to wait for the scheduler and all workers to start.
 

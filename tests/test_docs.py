@@ -153,3 +153,43 @@ def test_slug_follows_github():
     assert slug("How it works: schedule / push / pull") == "how-it-works-schedule--push--pull"
     assert slug("What `dmp run pipelines/lasso.yaml` does") == "what-dmp-run-pipelineslassoyaml-does"
     assert slug("ParMAC: what dmp does differently") == "parmac-what-dmp-does-differently"
+
+
+#: a pointer to a section of BENCHMARKS.md: ``BENCHMARKS.md, "Dask round costs"`` (a heading
+#: or a bold paragraph lead starting with the quoted words), optionally naming the top-level
+#: section it lies in first: ``BENCHMARKS.md, Lasso: "Fixed on the way"``
+BENCH_POINTER = re.compile(r"""BENCHMARKS\.md,?\s+(?:([A-Z][\w']*):\s+)?"([^"\n]+)\"""")
+
+
+def bench_sections(text: str) -> dict[str, str]:
+    """``{top-level heading: its text}`` of BENCHMARKS.md (``##`` sections)."""
+    out, title, body = {}, "", []
+    for _, line in prose_lines(text):
+        if line.startswith("## "):
+            out[title] = "\n".join(body)
+            title, body = line[3:].strip(), []
+        body.append(line)
+    out[title] = "\n".join(body)
+    return out
+
+
+def test_pointers_into_benchmarks_resolve():
+    """Comments and docstrings that send the reader to BENCHMARKS.md for the figures name a
+    heading or a bold paragraph lead that is there (inside the named section, if any)."""
+    sections = bench_sections((ROOT / "BENCHMARKS.md").read_text(encoding="utf-8"))
+    broken = []
+    for rel in tracked_files():
+        if rel == THIS or rel == "BENCHMARKS.md":
+            continue
+        text = read_text(ROOT / rel)
+        if text is None:
+            continue
+        flat = re.sub(r"\s*\n\s*(?:#:?\s*)?", " ", text)
+        for where, title in BENCH_POINTER.findall(flat):
+            bodies = [b for t, b in sections.items() if not where or where in t]
+            found = any(re.search(r"^#{2,6}\s+`?" + re.escape(title), b, re.M)
+                        or "**" + title in b for b in bodies)
+            if not found:
+                broken.append(f"{rel}: BENCHMARKS.md, {where + ': ' if where else ''}{title!r}")
+    assert not broken, ("pointers into BENCHMARKS.md that name no heading or bold lead there:\n"
+                        + "\n".join(broken))

@@ -5,7 +5,7 @@ import pytest
 import scipy.sparse as sp
 from scipy.stats import chisquare
 
-from dmp.kernels import lasso as K
+from dmp.kernels import lasso as kernels
 from dmp.linear_model._lasso_program import priority_sample
 
 
@@ -75,8 +75,8 @@ def test_cd_sweep_matches_numpy(intercept):
         idx = rng.permutation(p).astype(np.int64)
         delta = np.full(p, np.nan)
         w_before = w.copy()
-        total = K.cd_sweep(indptr, indices, data, sq, means, col_sums, w, r, idx, alpha_n,
-                           delta)
+        total = kernels.cd_sweep(indptr, indices, data, sq, means, col_sums, w, r, idx, alpha_n,
+                                 delta)
         w_ref, r_ref, d_ref = _numpy_cd(Xc, sq, w_ref, r_ref, idx, alpha_n)
         np.testing.assert_allclose(w, w_ref, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(r, r_ref, rtol=1e-12, atol=1e-12)
@@ -108,7 +108,7 @@ def test_cd_sweep_subset_and_repeated_index():
     r = ytil - Xc @ w
     w_ref, r_ref, d_ref = _numpy_cd(Xc, sq, w, r, idx, alpha_n)
     delta = np.empty(len(idx))
-    K.cd_sweep(indptr, indices, data, sq, means, col_sums, w, r, idx, alpha_n, delta)
+    kernels.cd_sweep(indptr, indices, data, sq, means, col_sums, w, r, idx, alpha_n, delta)
     np.testing.assert_allclose(w, w_ref, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(r, r_ref, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(delta, d_ref, rtol=1e-12, atol=1e-12)
@@ -116,7 +116,7 @@ def test_cd_sweep_subset_and_repeated_index():
 
 def test_soft_threshold():
     for a, t in [(3.0, 1.0), (-3.0, 1.0), (0.5, 1.0), (-0.5, 1.0), (1.0, 1.0), (2.0, 0.0)]:
-        assert K.soft_threshold(a, t) == _soft(a, t)
+        assert kernels.soft_threshold(a, t) == _soft(a, t)
 
 
 # ----------------------------------------------------------------------------- passes
@@ -128,14 +128,14 @@ def test_correlations_virtual_deltas_block_matvec():
     rng = np.random.default_rng(5)
     r = rng.standard_normal(n)
     corr = np.empty(p)
-    K.correlations(indptr, indices, data, r, corr)
+    kernels.correlations(indptr, indices, data, r, corr)
     np.testing.assert_allclose(corr, X.T @ r, rtol=1e-12, atol=1e-12)
 
     sq = (X ** 2).sum(axis=0)
     w = rng.standard_normal(p) * (rng.random(p) < 0.5)
     alpha_n = 0.5
     vd = np.empty(p)
-    K.virtual_deltas(corr, sq, w, alpha_n, vd)
+    kernels.virtual_deltas(corr, sq, w, alpha_n, vd)
     ref = np.zeros(p)
     for j in range(p):
         if sq[j] > 0:
@@ -147,14 +147,14 @@ def test_correlations_virtual_deltas_block_matvec():
     for j in [0, 5, 7]:
         ww, rr = w.copy(), r.copy()
         d = np.empty(1)
-        K.cd_sweep(indptr, indices, data, sq, means, X.sum(axis=0), ww, rr,
-                   np.array([j], dtype=np.int64), alpha_n, d)
+        kernels.cd_sweep(indptr, indices, data, sq, means, X.sum(axis=0), ww, rr,
+                         np.array([j], dtype=np.int64), alpha_n, d)
         np.testing.assert_allclose(d[0], vd[j], rtol=1e-12, atol=1e-14)
 
     for means in (np.zeros(p), X.mean(axis=0)):
         out0 = rng.standard_normal(n)
         out = out0.copy()
-        K.block_matvec(indptr, indices, data, means, w, out)
+        kernels.block_matvec(indptr, indices, data, means, w, out)
         np.testing.assert_allclose(out, out0 + (X - means) @ w, rtol=1e-12, atol=1e-12)
 
 
@@ -204,8 +204,8 @@ def _run_filter(X, means, sq, cand, max_keep, rho, budget):
     col = np.full(need, -7, np.int64)
     val = np.zeros(need)
     kept = np.full(min(max_keep, len(cand)), -1, dtype=np.int64)
-    m = K.dependency_filter(indptr, indices, data, means, sq, cand, len(kept), rho, float(n),
-                            budget, row_head, nxt, col, val, kept)
+    m = kernels.dependency_filter(indptr, indices, data, means, sq, cand, len(kept), rho, float(n),
+                                  budget, row_head, nxt, col, val, kept)
     return list(kept[:m]), row_head
 
 

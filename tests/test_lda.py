@@ -6,7 +6,7 @@ import scipy.sparse as sp
 from scipy.optimize import linear_sum_assignment
 
 from dmp.decomposition import LatentDirichletAllocation
-from dmp.decomposition import _lda_kernels as K
+from dmp.decomposition import _lda_kernels as kernels
 from dmp.decomposition._lda_program import (LDAProgram, expand_tokens, round_uniforms,
                                             word_blocks)
 from dmp.engine import LocalBackend, run
@@ -38,7 +38,7 @@ def matched_cosine(A, B) -> float:
 # ---------------------------------------------------------------- the samplers' kernels
 # K = 300: the sparse sampler's dense bucket is searched with its Fenwick tree
 @pytest.mark.parametrize("sampler, Kt", [("dense", 7), ("sparse", 7),
-                                         ("sparse", K.TREE_MIN_TOPICS + 44)])
+                                         ("sparse", kernels.TREE_MIN_TOPICS + 44)])
 def test_one_draw_follows_the_exact_conditional(sampler, Kt):
     """A token's topic as a function of its uniform: the intervals of [0, 1) leading to each
     topic have the lengths of the exact collapsed conditional."""
@@ -63,17 +63,17 @@ def test_one_draw_follows_the_exact_conditional(sampler, Kt):
     for g in grid:
         nw, nk = n_wk.copy(), n_k.copy()
         z = np.array([0], dtype=np.int32)
-        dnz_ptr, dnz, dnz_cnt = K.doc_topic_lists(np.zeros(n_dk.sum(), np.int32),
-                                                  np.repeat(np.arange(Kt), n_dk[0]), 1, Kt)
+        dnz_ptr, dnz, dnz_cnt = kernels.doc_topic_lists(np.zeros(n_dk.sum(), np.int32),
+                                                        np.repeat(np.arange(Kt), n_dk[0]), 1, Kt)
         args = (0, 1, np.array([3], np.int32), np.array([0], np.int32), z, nw, nk,
                 np.array([g]), alpha, beta, vbeta, dnz_ptr, dnz, dnz_cnt)
         if sampler == "dense":
-            K.sample_dense(*args, np.empty(Kt), np.empty(Kt))
+            kernels.sample_dense(*args, np.empty(Kt), np.empty(Kt))
         else:
-            K.sample_sparse(*args, np.empty(Kt), np.empty(Kt), np.empty(Kt + 1))
+            kernels.sample_sparse(*args, np.empty(Kt), np.empty(Kt), np.empty(Kt + 1))
         hits[z[0]] += 1
         # counts stay consistent: the token moved from topic 0 to z
-        nd = K.doc_topic_counts(dnz_ptr, dnz, dnz_cnt, Kt)
+        nd = kernels.doc_topic_counts(dnz_ptr, dnz, dnz_cnt, Kt)
         moved = n_dk.copy()
         moved[0, 0] -= 1
         moved[0, z[0]] += 1
@@ -92,7 +92,7 @@ def _serial_tokens(X, n_topics, seed):
 
 
 @pytest.mark.parametrize("sampler, Kt", [("dense", 4), ("sparse", 4),
-                                         ("sparse", K.TREE_MIN_TOPICS + 44)])
+                                         ("sparse", kernels.TREE_MIN_TOPICS + 44)])
 def test_one_worker_equals_the_serial_reference(sampler, Kt):
     """With one worker the rotation sampler is serial CGS: same seed, same traversal order,
     same uniforms -> the same assignments and counts as the plain Python sampler."""

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from conftest import alpha_max, make_problem
-from dmp.engine.events import FitEvents, finite_or_none, monitor_enabled, plain
+from dmp.engine.events import FitEvents, finite_or_none, monitor_enabled, jsonable
 from dmp.monitor import JSON_PATH, DMPMonitor, MonitorState, ensure_monitor, plot_history
 
 # ---------------------------------------------------------------------------------------
@@ -134,7 +134,7 @@ def test_state_unpacks_batches_in_order():
 
 
 def test_plain_and_json_safety():
-    msg = plain({"a": np.float64(1.5), "b": np.int64(3), "c": np.arange(3), "d": (1, 2),
+    msg = jsonable({"a": np.float64(1.5), "b": np.int64(3), "c": np.arange(3), "d": (1, 2),
                  "e": {"f": np.bool_(True)}, "g": object, "h": float("nan")})
     assert msg["a"] == 1.5 and type(msg["b"]) is int and msg["c"] == [0, 1, 2]
     assert msg["d"] == [1, 2] and msg["e"] == {"f": True} and isinstance(msg["g"], str)

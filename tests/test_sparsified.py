@@ -15,7 +15,7 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from dmp.engine.backends.local import LocalBackend
 from dmp.io import InMemorySparseRowDataset, write_sparse_rows
-from dmp.kernels import sparsify as K
+from dmp.kernels import sparsify as kernels
 from dmp.linear_model import SparsifiedSGDClassifier, SparsifiedSGDRegressor
 from dmp.linear_model._sparsified_program import SparsifiedProgram, block_bounds
 
@@ -68,27 +68,27 @@ def subopt(est, fstar):
 # --------------------------------------------------------------------------- kernels
 
 
-@pytest.mark.parametrize("loss_id", [K.SQUARED, K.LOGISTIC])
+@pytest.mark.parametrize("loss_id", [kernels.SQUARED, kernels.LOGISTIC])
 @pytest.mark.parametrize("fit_intercept", [False, True])
 def test_loss_gradient_kernels_match_numpy(loss_id, fit_intercept):
     rng = np.random.default_rng(0)
     A = sp.random(40, 12, density=0.3, format="csr", random_state=1)
-    y = rng.standard_normal(40) if loss_id == K.SQUARED else rng.choice([-1.0, 1.0], 40)
+    y = rng.standard_normal(40) if loss_id == kernels.SQUARED else rng.choice([-1.0, 1.0], 40)
     x = rng.standard_normal(12 + fit_intercept)
     z = A @ x[:12] + (x[12] if fit_intercept else 0.0)
-    if loss_id == K.SQUARED:
+    if loss_id == kernels.SQUARED:
         f, s = 0.5 * (z - y) ** 2, z - y
     else:
         f, s = np.logaddexp(0.0, -y * z), -y / (1.0 + np.exp(y * z))
     g_ref = np.append(A.T @ s, s.sum())[:12 + fit_intercept]
     args = (A.indptr.astype(np.int64), A.indices.astype(np.int32), A.data, y, x)
     g = np.empty_like(x)
-    total = K.loss_gradient(*args, loss_id, fit_intercept, g)
+    total = kernels.loss_gradient(*args, loss_id, fit_intercept, g)
     np.testing.assert_allclose(total, f.sum(), rtol=1e-13)
     np.testing.assert_allclose(g, g_ref, rtol=1e-12, atol=1e-13)
-    assert K.loss_value(*args, loss_id, fit_intercept) == pytest.approx(f.sum(), rel=1e-13)
+    assert kernels.loss_value(*args, loss_id, fit_intercept) == pytest.approx(f.sum(), rel=1e-13)
     rows = np.array([3, 7, 7, 20], dtype=np.int64)
-    K.batch_gradient(*args, rows, loss_id, fit_intercept, g)
+    kernels.batch_gradient(*args, rows, loss_id, fit_intercept, g)
     Zs = np.hstack([A.toarray(), np.ones((40, 1))])[:, :12 + fit_intercept]
     np.testing.assert_allclose(g, Zs[rows].T @ s[rows], rtol=1e-12, atol=1e-13)
 
@@ -98,8 +98,8 @@ def test_logistic_loss_is_stable_for_large_margins():
     y = np.array([1.0, -1.0])
     x = np.array([800.0])
     g = np.empty(1)
-    total = K.loss_gradient(A.indptr.astype(np.int64), A.indices.astype(np.int32), A.data,
-                            y, x, K.LOGISTIC, False, g)
+    total = kernels.loss_gradient(A.indptr.astype(np.int64), A.indices.astype(np.int32), A.data,
+                                  y, x, kernels.LOGISTIC, False, g)
     assert np.isfinite(total) and total == pytest.approx(800.0)
     assert g[0] == pytest.approx(1.0)
 
@@ -109,24 +109,24 @@ def test_block_gather_scatter_shift_and_prox():
     assert bounds.tolist() == [0, 2, 5, 8, 10]
     v = np.arange(10.0)
     blocks = np.array([1, 3], dtype=np.int32)
-    vals = K.gather_blocks(v, bounds, blocks, 2.0)
+    vals = kernels.gather_blocks(v, bounds, blocks, 2.0)
     np.testing.assert_array_equal(vals, 2 * np.array([2, 3, 4, 8, 9.0]))
     out = np.zeros(10)
-    K.scatter_add_blocks(out, bounds, blocks, vals, 0.5)
+    kernels.scatter_add_blocks(out, bounds, blocks, vals, 0.5)
     ref = np.zeros(10)
     ref[[2, 3, 4, 8, 9]] = v[[2, 3, 4, 8, 9]]
     np.testing.assert_array_equal(out, ref)
     shift = np.ones(10)
-    delta = K.shift_delta(v, shift, bounds, blocks)
+    delta = kernels.shift_delta(v, shift, bounds, blocks)
     np.testing.assert_array_equal(delta, v[[2, 3, 4, 8, 9]] - 1)
     assert shift[[2, 3, 4, 8, 9]].tolist() == [2, 3, 4, 8, 9] and shift[0] == 1
     x = np.zeros(10)
-    K.assign_blocks(x, bounds, blocks, vals)
+    kernels.assign_blocks(x, bounds, blocks, vals)
     np.testing.assert_array_equal(x[[2, 3, 4, 8, 9]], vals)
     # prox of step*(l1|x|_1 + l2/2|x|^2) = soft-threshold then shrink; last coordinate free
     w = np.array([3.0, -0.05, -2.0, 0.5])
     res = np.empty(4)
-    K.prox_elastic_net(w, 0.5, 0.2, 1.0, 3, res)
+    kernels.prox_elastic_net(w, 0.5, 0.2, 1.0, 3, res)
     st = np.sign(w[:3]) * np.maximum(np.abs(w[:3]) - 0.1, 0) / 1.5
     np.testing.assert_allclose(res, np.append(st, 0.5), rtol=1e-15)
 
@@ -145,7 +145,8 @@ def test_saga_delta_matches_a_brute_force_table():
         x = rng.standard_normal(8)
         rows = np.sort(rng.choice(8, 3, replace=False)).astype(np.int64)
         blocks = np.sort(rng.choice(3, 2, replace=False)).astype(np.int32)
-        got = K.saga_delta(*args, x, rows, K.SQUARED, True, table, col_block, bounds, blocks)
+        got = kernels.saga_delta(*args, x, rows, kernels.SQUARED, True, table, col_block, bounds,
+                                 blocks)
         cols = np.concatenate([np.arange(bounds[b], bounds[b + 1]) for b in blocks])
         ref = np.zeros(len(cols))
         for i in rows:
@@ -162,15 +163,16 @@ def test_tau_nice_sampling_is_uniform_and_independent():
     counts = np.zeros(m)
     same = 0
     for r in range(R):
-        s = K.tau_nice(7, 0, r, m, tau)
+        s = kernels.tau_nice(7, 0, r, m, tau)
         assert len(s) == tau and np.all(np.diff(s) > 0) and s.min() >= 0 and s.max() < m
         counts[s] += 1
-        same += np.array_equal(s, K.tau_nice(7, 2, r, m, tau))
+        same += np.array_equal(s, kernels.tau_nice(7, 2, r, m, tau))
     assert chisquare(counts).pvalue > 1e-3
     # two workers almost never draw the same set (C(20, 4) = 4845 sets)
     assert same < 20
-    np.testing.assert_array_equal(K.tau_nice(7, 0, 5, m, tau), K.tau_nice(7, 0, 5, m, tau))
-    assert K.tau_nice(1, 0, 0, 5, 5).tolist() == [0, 1, 2, 3, 4]
+    np.testing.assert_array_equal(kernels.tau_nice(7, 0, 5, m, tau),
+                                  kernels.tau_nice(7, 0, 5, m, tau))
+    assert kernels.tau_nice(1, 0, 0, 5, 5).tolist() == [0, 1, 2, 3, 4]
 
 
 # --------------------------------------------------------------------------- estimator

@@ -15,7 +15,7 @@ from ..base import DMPEstimator, InMemoryData, computed
 from ..io import InMemorySparseRowDataset, write_sparse_rows
 from ..utils.estimator import seed_from
 from ..utils.text import shown
-from . import _lda_kernels as K
+from . import _lda_kernels as kernels
 from ._lda_program import LDAProgram, check_count_values, check_documents
 
 
@@ -294,8 +294,8 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         z = rng.integers(0, Kt, len(tok_word)).astype(np.int64)
         u = rng.random(n_iter * len(tok_word))
         theta = np.zeros((X.shape[0], Kt))
-        K.fold_in(doc_ptr, tok_word, self._topic_word(), self.doc_topic_prior_, n_iter, u, z,
-                  theta)
+        kernels.fold_in(doc_ptr, tok_word, self._topic_word(), self.doc_topic_prior_, n_iter, u, z,
+                        theta)
         kept = n_iter - n_iter // 2
         theta = theta / kept + self.doc_topic_prior_
         theta /= theta.sum(axis=1, keepdims=True)

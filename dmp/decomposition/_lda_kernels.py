@@ -40,8 +40,8 @@ def pair_dtype(n_topics: int, max_doc_len: int):
     """``uint16`` when every topic id and count fits, else ``int32``.
 
     Half the bytes per pair: the document bucket reads a random document's pairs for every
-    token, and at 16 bits a corpus's pairs stay in a core's L2 twice as long (measured: a
-    sweep at K = 100 on 1M tokens 19% faster, at K = 1000 about 35%)."""
+    token, and at 16 bits a corpus's pairs stay in a core's L2 twice as long (BENCHMARKS.md,
+    "A leaner sampler")."""
     return np.uint16 if n_topics <= 2**16 and max_doc_len < 2**16 else np.int32
 
 
@@ -155,8 +155,7 @@ def sample_dense(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
 
 
 # below this many topics a linear scan of the dense bucket beats keeping the Fenwick tree
-# (measured, median sweep on 1M tokens: K = 100 0.16 s linear vs 0.24 s with the tree;
-# K = 1000 0.73 s linear vs 0.52 s with it)
+# (BENCHMARKS.md, "The sampler's constants")
 TREE_MIN_TOPICS = 256
 
 
@@ -253,7 +252,7 @@ def sample_sparse(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
         if target < Y:
             # the first pair whose running sum exceeds the target = the number of running
             # sums not above it (they never decrease): a branch-free count, no mispredicted
-            # early exit (measured with uint16 pairs: 6% of the sweep at K = 100)
+            # early exit (BENCHMARKS.md, "A leaner sampler")
             jk = 0
             for j in range(nd):
                 jk += ybuf[j] <= target

@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from ..engine.program import Broadcast, Program, Sends
-from . import _lda_kernels as K
+from . import _lda_kernels as kernels
 
 
 def check_count_values(data, what: str) -> None:
@@ -130,7 +130,7 @@ def pack_block(table: np.ndarray):
         return table
     idx = np.empty(nnz, dtype=np.int32 if flat.size < 2**31 else np.int64)
     val = np.empty(nnz, dtype=table.dtype)
-    K.pack_nonzero(flat, idx, val)
+    kernels.pack_nonzero(flat, idx, val)
     return {"shape": table.shape, "idx": idx, "val": val}
 
 
@@ -156,7 +156,7 @@ def unpack_block(packed, spare=None) -> np.ndarray:
         table = flat[:n].reshape(shape)
     else:
         table = np.zeros(shape, dtype=dtype)
-    K.unpack_nonzero(packed["idx"], packed["val"], table.reshape(-1))
+    kernels.unpack_nonzero(packed["idx"], packed["val"], table.reshape(-1))
     return table
 
 
@@ -229,7 +229,7 @@ class LDAProgram(Program):
         Kt = self.n_topics
         z = np.random.default_rng([self.seed, 2, p]).integers(0, Kt, len(tok_doc)).astype(
             np.int32)
-        dnz_ptr, dnz, dnz_cnt = K.doc_topic_lists(tok_doc, z, len(doc_len), Kt)
+        dnz_ptr, dnz, dnz_cnt = kernels.doc_topic_lists(tok_doc, z, len(doc_len), Kt)
         sizes = block_sizes(block, P)
         n_k = np.bincount(z, minlength=Kt).astype(np.int64)
         return {"p": p, "P": P, "tok_doc": tok_doc, "tok_row": tok_row, "z": z,
@@ -267,8 +267,7 @@ class LDAProgram(Program):
         # round takes it (see `partition_nbytes`).  The block of the
         # next push arriving after this partition's push of `round` finished (so no push
         # holds a dense block: the next one waits for this very block) is unpacked at once,
-        # off that push's critical path (measured: 4% per sweep at K = 1000 on 2 workers
-        # when every block was unpacked by its push)
+        # off that push's critical path (BENCHMARKS.md, "A model larger than a worker")
         b, packed = blk
         if s["next_push"] == round + 1:
             blk = (b, self._unpack(s, packed))
@@ -309,7 +308,7 @@ class LDAProgram(Program):
         # block and (while it arrives) the one in transit, never an old one besides
         s["held"] = None
         if plan["kind"] == "count":
-            K.count_block(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table)
+            kernels.count_block(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table)
             partial = {"n_k": s["local_nk"].copy()} if round == 0 else {}
             return Sends(partial, {dest: ((b, self._pack(s, table, dest)), None)})
         n_k = self._totals(s, round)
@@ -317,19 +316,19 @@ class LDAProgram(Program):
         u = round_uniforms(self.seed, round, s["p"], t1 - t0, out=s["u"])
         vbeta = self.n_words * self.beta
         if self.sampler == "sparse":
-            K.sample_sparse(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table, n_k, u,
-                            self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz"], s["dnz_cnt"],
-                            s["phi"], s["buf"], s["tree"])
+            kernels.sample_sparse(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table, n_k, u,
+                                  self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz"],
+                                  s["dnz_cnt"], s["phi"], s["buf"], s["tree"])
         else:
-            K.sample_dense(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table, n_k, u,
-                           self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz"], s["dnz_cnt"],
-                           s["phi"], s["buf"])
+            kernels.sample_dense(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table, n_k, u,
+                                 self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz"],
+                                 s["dnz_cnt"], s["phi"], s["buf"])
         dn = n_k - before
         partial = {"dn_k": dn, "tokens": t1 - t0}
         if plan["last"]:
-            partial["ll_doc"] = K.doc_loglik(s["doc_len"], self.n_topics, self.alpha,
-                                             s["dnz_ptr"], s["dnz"], s["dnz_cnt"])
-            partial["ll_word"] = K.word_loglik(table, self.beta)
+            partial["ll_doc"] = kernels.doc_loglik(s["doc_len"], self.n_topics, self.alpha,
+                                                   s["dnz_ptr"], s["dnz"], s["dnz_cnt"])
+            partial["ll_word"] = kernels.word_loglik(table, self.beta)
             # when the sweep ended here (wall clock, comparable across the workers): the
             # driver scores batched rounds after the batch, so its own clock cannot say
             partial["t_end"] = time.time()
@@ -401,7 +400,7 @@ class LDAProgram(Program):
         Kt = self.n_topics
         keys, counts = np.unique(s["tok_doc"].astype(np.int64) * Kt + s["z"],
                                  return_counts=True)
-        docs, slots = K.pair_slots(s["dnz_ptr"], cnt)
+        docs, slots = kernels.pair_slots(s["dnz_ptr"], cnt)
         want = docs * Kt + topics[slots]
         at = np.searchsorted(keys, want)
         if len(want) != len(keys) or not np.array_equal(keys[np.minimum(at, len(keys) - 1)],
@@ -428,7 +427,7 @@ class LDAProgram(Program):
         lengths, no negative counts, the nonzero-topic lists match ``n_dk``."""
         n_dk = np.zeros((len(s["doc_len"]), self.n_topics), dtype=np.int64)
         np.add.at(n_dk, (s["tok_doc"], s["z"]), 1)
-        lists = K.doc_topic_counts(s["dnz_ptr"], s["dnz"], s["dnz_cnt"], self.n_topics)
+        lists = kernels.doc_topic_counts(s["dnz_ptr"], s["dnz"], s["dnz_cnt"], self.n_topics)
         ok_len = bool(np.array_equal(lists.sum(axis=1), s["doc_len"]))
         lists_ok = bool(np.array_equal(lists, n_dk)) and all(
             len(set(s["dnz"][s["dnz_ptr"][d]:s["dnz_ptr"][d] + s["dnz_cnt"][d], 0]))

@@ -15,7 +15,7 @@ from sklearn.utils.validation import check_is_fitted
 from ..base import DMPEstimator, InMemoryData
 from ..io import InMemoryRatingsDataset, write_ratings
 from ..io.sparse import _group_has_attrs
-from ..kernels import mf as K
+from ..kernels import mf as kernels
 from ..utils.estimator import seed_from
 from ..utils.scratch import clean_stale_partials, mark_partial, unmark_partial
 from ._mf_program import MFProgram, auto_block_size
@@ -288,8 +288,8 @@ class MatrixFactorization(DMPEstimator):
         # CCD++'s partitions solve each item update themselves (the driver only keeps the
         # score): on Dask a batch of rounds runs while the one before is scored, with the
         # same factors
-        ahead = int(self.method == "ccd++" and getattr(fit.backend, "kind", "") == "dask")
-        return {"max_iter": 1 + self.max_iter * per_iter, "staleness": ahead,
+        staleness = int(self.method == "ccd++" and getattr(fit.backend, "kind", "") == "dask")
+        return {"max_iter": 1 + self.max_iter * per_iter, "staleness": staleness,
                 "checkpoint_every": self.checkpoint_every * per_iter, "collect": collect}
 
     def _set_fitted(self, fit, result):
@@ -386,7 +386,7 @@ class MatrixFactorization(DMPEstimator):
             raise ValueError(f"user_ids and item_ids differ in length ({len(u)} != {len(i)})")
         W, H = self.user_factors_, self.item_factors_
         if isinstance(W, np.ndarray):
-            return K.predict_pairs(W, H, u, i, self.mean_)
+            return kernels.predict_pairs(W, H, u, i, self.mean_)
         # dask arrays over a factors store: read the needed rows here, batch by batch, with
         # the threaded scheduler (not on the cluster: a batch may hold most of the model)
         import dask
@@ -397,8 +397,8 @@ class MatrixFactorization(DMPEstimator):
             uu, ui = np.unique(u[s:s + batch], return_inverse=True)
             ii, ij = np.unique(i[s:s + batch], return_inverse=True)
             Wb, Hb = dask.compute(W[uu], H[ii], scheduler="threads")
-            out[s:s + batch] = K.predict_pairs(np.asarray(Wb), np.asarray(Hb), ui, ij,
-                                               self.mean_)
+            out[s:s + batch] = kernels.predict_pairs(np.asarray(Wb), np.asarray(Hb), ui, ij,
+                                                     self.mean_)
         return out
 
     def score(self, X, y=None):

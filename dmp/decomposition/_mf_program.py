@@ -36,7 +36,7 @@ import math
 import numpy as np
 
 from ..engine.program import Broadcast, Program, Sends
-from ..kernels import mf as K
+from ..kernels import mf as kernels
 from ..utils.text import plural
 
 #: bytes of a coordinate block in flight per round (all parts), for ``block_size="auto"``
@@ -211,7 +211,7 @@ class _MFBase(Program):
         st["lam_rows"] = self._lam(st["rows"][0], r1 - r0)
         # STRADS initialisation: W = 0, H ~ U(0, 1), keyed by item id (partition-free)
         st["W"] = np.zeros((r1 - r0, self.K))
-        st["H"] = K.uniform_init(self.seed, 1, c0, c1 - c0, self.K)
+        st["H"] = kernels.uniform_init(self.seed, 1, c0, c1 - c0, self.K)
         st["regW"] = 0.0
         return st
 
@@ -363,9 +363,9 @@ class CCDProgram(_MFBase):
             indptr, indices, _ = st[data]
             O = st["O"]
             delta = np.empty((indptr.shape[0] - 1, k1 - k0))
-            K.ccd_block_update(indptr, indices, st[res], st[F], k0, O, st[lam], delta)
+            kernels.ccd_block_update(indptr, indices, st[res], st[F], k0, O, st[lam], delta)
             vp, vi, _ = st[vdata]
-            K.subtract_lowrank(vp, vi, st[vres], delta, 0, O)
+            kernels.subtract_lowrank(vp, vi, st[vres], delta, 0, O)
             new = st[F][:, k0:k1]
             st[rk] += float(st[lam] @ np.einsum("ij,ij->i", delta, 2.0 * new - delta))
             parts["delta"] = delta
@@ -398,7 +398,7 @@ class CCDProgram(_MFBase):
             pairs, F = (("rows", "er"), ("vrows", "evr")), st["W"]
         for data, res in pairs:
             indptr, indices, _ = st[data]
-            K.subtract_lowrank(indptr, indices, st[res], F, k0, delta)
+            kernels.subtract_lowrank(indptr, indices, st[res], F, k0, delta)
 
 
 class CCDPPProgram(_MFBase):
@@ -571,13 +571,13 @@ class CCDPPProgram(_MFBase):
         else:
             f_out, h_out = old, st["hfull"]  # unused
         num, den = np.zeros(n_items), np.zeros(n_items)
-        sq = K.rank1_row_pass(indptr, indices, st["er"], swap, f_out, h_out, old,
-                              st["hfull"], st["lam_rows"], f, num, den)
+        sq = kernels.rank1_row_pass(indptr, indices, st["er"], swap, f_out, h_out, old,
+                                    st["hfull"], st["lam_rows"], f, num, den)
         vp, vi, _ = st["vrows"]
         if self.has_valid:
             vn, vd = np.zeros(n_items), np.zeros(n_items)
-            vs = K.rank1_column_sums(vp, vi, st["evr"], swap, f_out, h_out, old, st["hfull"],
-                                     f, vn, vd)
+            vs = kernels.rank1_column_sums(vp, vi, st["evr"], swap, f_out, h_out, old, st["hfull"],
+                                           f, vn, vd)
             out.update(vnum=vn, vden=vd, vsq=vs)
         st["pend"][0] = -2
         st["Wt"][t] = f

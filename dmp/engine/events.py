@@ -56,7 +56,7 @@ def primary_of(program) -> tuple[str, str]:
     return name, direction
 
 
-def plain(value, _depth: int = 0):
+def jsonable(value, _depth: int = 0):
     """``value`` as msgpack/JSON-friendly Python data (numpy scalars and arrays become
     numbers and lists; anything else that is not plain data becomes its short repr)."""
     if value is None or isinstance(value, (bool, int, str)):
@@ -70,9 +70,9 @@ def plain(value, _depth: int = 0):
     if isinstance(value, np.ndarray):
         return value.tolist() if value.size <= 1024 else _short_repr(value)
     if isinstance(value, dict):
-        return {str(k): plain(v, _depth + 1) for k, v in value.items()}
+        return {str(k): jsonable(v, _depth + 1) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [plain(v, _depth + 1) for v in value]
+        return [jsonable(v, _depth + 1) for v in value]
     return _short_repr(value)
 
 
@@ -119,14 +119,14 @@ class FitEvents:
 
     def _send(self, kind: str, wait: bool = False, **fields) -> None:
         if self.enabled:
-            self.backend.log_event(plain({"kind": kind, "fit": self.fit_id, **fields}),
+            self.backend.log_event(jsonable({"kind": kind, "fit": self.fit_id, **fields}),
                                    wait=wait)
 
     def _send_round(self, rec: dict) -> None:
         if self.enabled:
             # a program's own "kind" (e.g. Lasso's cd/gap/refresh round) travels as round_kind
             fields = {("round_kind" if k in ("kind", "fit") else k): v for k, v in rec.items()}
-            self.backend.log_event(plain({**fields, "kind": "round", "fit": self.fit_id}))
+            self.backend.log_event(jsonable({**fields, "kind": "round", "fit": self.fit_id}))
 
     def start(self) -> None:
         if not self.enabled:

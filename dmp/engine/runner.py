@@ -99,8 +99,8 @@ def run(program, backend, **kwargs) -> RunResult:
 
     On a backend whose partitions live in worker processes the driver's BLAS runs on one
     thread: its work is vectors of one round, and OpenBLAS's idle pool threads spin between
-    calls -- on a LocalCluster that took 0.75 of a core from the workers of a 2-worker Lasso
-    fit on 2 cores (BENCHMARKS.md, issue 2).  When the pushes run in this process (the local
+    calls, which takes CPU time from the workers (BENCHMARKS.md, Lasso: "Fixed on the way").
+    When the pushes run in this process (the local
     backend, or Dask workers with ``processes=False``) the library's default is kept.  The
     limit is process-wide while the fit runs: fits run at once from several threads of one
     process may restore each other's setting.  Keyword arguments: see `_run`.

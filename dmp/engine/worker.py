@@ -264,8 +264,7 @@ class ActorPartitionWorker(PartitionWorker):
     Ring messages travel worker to worker as one-way messages on one connection per pair of
     partitions (to the worker's `RING_HANDLER`), not as actor calls: a call costs both
     workers its reply, and on a machine whose cores the workers share that CPU time is on
-    the critical path (measured: a 0.5 MB message cost the sender 2.0 ms and the receiver
-    1.7 ms of CPU as an actor call, 0.5 ms and 0.7 ms as a one-way message).  A message is
+    the critical path (BENCHMARKS.md, "Ring messages without replies").  A message is
     not waited for -- the round's barrier and the driver's pull overlap its transfer -- and
     the driver passes each partition the number of messages to wait for before it touches
     its state again (`await_inbox`): the program's declared count (`Program.ring_inbox`)

@@ -92,9 +92,9 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
         change, only the start of the SVMs' SGD).  With unit-norm ITQ directions (None)
         nearly every point sits inside the SVMs' unit margin and the first W step's SGD,
         far from converged, loses a third of the ITQ codes on image patches; 10 keeps
-        89-99.5% of them.  The final precision did not improve with it on any data set
-        measured (BENCHMARKS.md, "Binary autoencoder against ITQ on real images"), so the
-        default keeps the earlier behaviour.
+        nearly all of them.  It did not improve the final precision on any data set tried
+        (BENCHMARKS.md, "Binary autoencoder against ITQ on real images"), hence the default
+        None.
     validation_size : int, default 200
         Held-out training points used as queries of the validation check (0: none).  Their true neighbours are
         searched in up to 20,000 other training points; the result is the model with the

@@ -29,8 +29,8 @@ MAX_CHUNK = 4 * 1024 * 1024
 class DatasetError(DMPError, ValueError):
     """A dataset (or the data passed to build one) is invalid or corrupted.
 
-    A `dmp.exceptions.DMPError` and a `ValueError` (what callers caught before dmp's named
-    errors existed).  A store's metadata is checked when it is opened and again where each
+    A `dmp.exceptions.DMPError` and a `ValueError` (what a caller catches without knowing
+    dmp's named errors).  A store's metadata is checked when it is opened and again where each
     shard loads (on the worker), before anything it declares is allocated."""
 
 

@@ -27,14 +27,14 @@ ONE_SWEEP_NNZ_PER_PARTITION = 10_000_000
 
 
 def _auto_inner_sweeps(schedule: str, n_partitions: int, nnz: int) -> int:
-    """Sweeps per round for ``inner_sweeps="auto"`` (measured in BENCHMARKS.md, issue 2).
+    """Sweeps per round for ``inner_sweeps="auto"`` (measured in BENCHMARKS.md: the Lasso's
+    table of sweeps per round).
 
     One partition: a working-set solve (up to 50 sweeps, stopping early).  Several: each
     local sweep runs against a residual that misses the other partitions' changes of the
     same round.  On small partitions a sweep costs less than a round's messaging, and 3
-    sweeps per round need up to 35% fewer rounds; on large ones the later sweeps mostly redo
-    what the block-Jacobi combination cancels (100k x 1M, 250M values, 2 partitions: 91
-    rounds and 38 s of critical compute with 3 sweeps, 77 rounds and 13 s with one).
+    sweeps per round need fewer rounds; on large ones the later sweeps mostly redo what the
+    block-Jacobi combination cancels.
     """
     if schedule != "priority":
         return 1

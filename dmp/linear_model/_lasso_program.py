@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..engine.program import Broadcast, Program
-from ..kernels import lasso as K
+from ..kernels import lasso as kernels
 
 
 def _encode(vec: np.ndarray):
@@ -216,9 +216,9 @@ class LassoProgram(Program):
                                           np.empty(cap, np.float64))
         kept = np.empty(min(keep, len(idx)), dtype=np.int64)
         budget = self.filter_work * max(need, 1) + 10 * s["n"]
-        m = K.dependency_filter(indptr, s["indices"], s["data"], s["means"], s["sq"], idx,
-                                len(kept), self.rho, float(s["n"]), budget, s["row_head"],
-                                nxt, col, val, kept)
+        m = kernels.dependency_filter(indptr, s["indices"], s["data"], s["means"], s["sq"], idx,
+                                      len(kept), self.rho, float(s["n"]), budget, s["row_head"],
+                                      nxt, col, val, kept)
         return kept[:m]
 
     def push(self, s, plan):
@@ -237,18 +237,18 @@ class LassoProgram(Program):
             sweeps = plan["sweeps"]
             alpha_n = self.alpha * s["n"]
             if sweeps == 1:
-                K.cd_sweep(s["indptr"], s["indices"], s["data"], s["sq"], s["means"],
-                           s["col_sums"], s["w"], s["r"], kept, alpha_n, delta)
+                kernels.cd_sweep(s["indptr"], s["indices"], s["data"], s["sq"], s["means"],
+                                 s["col_sums"], s["w"], s["r"], kept, alpha_n, delta)
                 solved = False
             else:
                 # repeated sweeps over a contiguous copy of the working set: one random
                 # gather, then sequential memory access on every sweep
-                ip, ind, dat = K.gather_columns(s["indptr"], s["indices"], s["data"], kept)
+                ip, ind, dat = kernels.gather_columns(s["indptr"], s["indices"], s["data"], kept)
                 w_ws = s["w"][kept]
-                done = K.cd_sweeps(ip, ind, dat, s["sq"][kept], s["means"][kept],
-                                   s["col_sums"][kept], w_ws, s["r"],
-                                   np.arange(len(kept), dtype=np.int64), alpha_n,
-                                   sweeps, plan["inner_tol"], delta)
+                done = kernels.cd_sweeps(ip, ind, dat, s["sq"][kept], s["means"][kept],
+                                         s["col_sums"][kept], w_ws, s["r"],
+                                         np.arange(len(kept), dtype=np.int64), alpha_n,
+                                         sweeps, plan["inner_tol"], delta)
                 s["w"][kept] = w_ws
                 solved = done < sweeps
             dr = s["r"] - r_before
@@ -257,14 +257,14 @@ class LassoProgram(Program):
                     "w_old": w_old, "n_cand": len(plan["idx"]), "solved": solved}
         if kind == "gap":
             corr = np.empty(len(s["w"]))
-            K.correlations(s["indptr"], s["indices"], s["data"], s["r"], corr)
+            kernels.correlations(s["indptr"], s["indices"], s["data"], s["r"], corr)
             vd = np.empty_like(corr)
-            K.virtual_deltas(corr, s["sq"], s["w"], self.alpha * s["n"], vd)
+            kernels.virtual_deltas(corr, s["sq"], s["w"], self.alpha * s["n"], vd)
             return {"kind": "gap", "dual_norm": float(np.abs(corr).max(initial=0.0)),
                     "prio": vd * vd, "l1": float(np.abs(s["w"]).sum())}
         if kind == "refresh":
             xw = np.zeros(s["n"])
-            K.block_matvec(s["indptr"], s["indices"], s["data"], s["means"], s["w"], xw)
+            kernels.block_matvec(s["indptr"], s["indices"], s["data"], s["means"], s["w"], xw)
             return {"kind": "refresh", "xw": _encode(xw), "l1": float(np.abs(s["w"]).sum())}
         raise ValueError(f"unknown plan kind {kind!r}")
 

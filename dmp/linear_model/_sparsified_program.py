@@ -31,10 +31,10 @@ import math
 import numpy as np
 
 from ..engine.program import Broadcast, Program
-from ..kernels import sparsify as K
+from ..kernels import sparsify as kernels
 
 METHODS = ("isgd", "isega", "isaga", "iasgd")
-_LOSS_IDS = {"squared_error": K.SQUARED, "log_loss": K.LOGISTIC}
+_LOSS_IDS = {"squared_error": kernels.SQUARED, "log_loss": kernels.LOGISTIC}
 # curvature bound of the loss in the margin: squared 1, logistic 1/4
 _LOSS_CURVATURE = {"squared_error": 1.0, "log_loss": 0.25}
 #: an objective this many times the one the fit started from: the iterates diverge
@@ -173,46 +173,46 @@ class SparsifiedProgram(Program):
         c = _LOSS_CURVATURE[self.loss]
         l = s["l"]
         L = c * max_eigenvalue_gram(s["A"], self.fit_intercept) / max(l, 1)
-        sq = K.row_sq_norms(s["indptr"], s["data"], self.fit_intercept)
+        sq = kernels.row_sq_norms(s["indptr"], s["data"], self.fit_intercept)
         extra = self.l2 if self.l2_in_f else 0.0
         return {"l": l, "L": L + extra, "L_point": c * float(sq.max(initial=0.0)) + extra}
 
     def _sample_blocks(self, k, round):
         if self.tau == self.n_blocks:
             return None
-        return K.tau_nice(self.seed, 2 * k, round, self.n_blocks, self.tau)
+        return kernels.tau_nice(self.seed, 2 * k, round, self.n_blocks, self.tau)
 
     def push(self, s, plan):
         x = s["x"]
         args = (s["indptr"], s["indices"], s["data"], s["y"])
         if plan["kind"] == "init":
             out = self._local_stats(s)
-            out["loss"] = K.loss_value(*args, x, self.loss_id, self.fit_intercept)
+            out["loss"] = kernels.loss_value(*args, x, self.loss_id, self.fit_intercept)
             return out
         S = self._sample_blocks(s["k"], plan["round"])
         ids = np.arange(self.n_blocks, dtype=np.int32) if S is None else S
         l, grad, loss = s["l"], s["grad"], None
         if self.method == "isaga" or self.batch_size is not None:
             b = min(self.batch_size or 1, l)
-            rows = K.tau_nice(self.seed, 2 * s["k"] + 1, plan["round"], l, b)
+            rows = kernels.tau_nice(self.seed, 2 * s["k"] + 1, plan["round"], l, b)
             if self.method == "isaga":
-                vals = K.saga_delta(*args, x, rows, self.loss_id, self.fit_intercept,
-                                    s["table"], s["col_block"], self.bounds, ids) / b
+                vals = kernels.saga_delta(*args, x, rows, self.loss_id, self.fit_intercept,
+                                          s["table"], s["col_block"], self.bounds, ids) / b
             else:
-                K.batch_gradient(*args, x, rows, self.loss_id, self.fit_intercept, grad)
+                kernels.batch_gradient(*args, x, rows, self.loss_id, self.fit_intercept, grad)
                 grad /= b
                 self._add_l2(grad, x)
-                vals = K.gather_blocks(grad, self.bounds, ids, 1.0)
+                vals = kernels.gather_blocks(grad, self.bounds, ids, 1.0)
             if plan["eval"]:
-                loss = K.loss_value(*args, x, self.loss_id, self.fit_intercept)
+                loss = kernels.loss_value(*args, x, self.loss_id, self.fit_intercept)
         else:
-            loss = K.loss_gradient(*args, x, self.loss_id, self.fit_intercept, grad)
+            loss = kernels.loss_gradient(*args, x, self.loss_id, self.fit_intercept, grad)
             grad /= l
             self._add_l2(grad, x)
             if self.method == "isega":
-                vals = K.shift_delta(grad, s["shift"], self.bounds, ids)
+                vals = kernels.shift_delta(grad, s["shift"], self.bounds, ids)
             else:
-                vals = K.gather_blocks(grad, self.bounds, ids, 1.0)
+                vals = kernels.gather_blocks(grad, self.bounds, ids, 1.0)
         return {"blocks": S, "values": vals, "loss": loss}
 
     def _add_l2(self, grad, x):
@@ -224,7 +224,7 @@ class SparsifiedProgram(Program):
         if "x" in update:
             s["x"][:] = update["x"]
         else:
-            K.assign_blocks(s["x"], self.bounds, update["blocks"], update["values"])
+            kernels.assign_blocks(s["x"], self.bounds, update["blocks"], update["values"])
 
     def partition_arrays(self, s):
         out = {"x": s["x"].copy()}
@@ -314,8 +314,8 @@ class SparsifiedProgram(Program):
             # ISEGA's variance, (r-1) sum_i w_i^2 |grad f_i(x) - h_i|^2, is spread over all
             # workers as the shifts trail the iterates: the weighted mean of w_i L_i, not
             # the largest one, sets the step.  On shards sorted by a feature a few L_i are
-            # several times the mean and the max cost ~2.7x dense's iterations (issue 27;
-            # BENCHMARKS.md "ISEGA on heterogeneous shards")
+            # several times the mean, and the largest would cost many more iterations than
+            # dense's (BENCHMARKS.md "ISEGA on heterogeneous shards")
             A = L + (r - 1.0) * float(w @ (w * L_i))
         d["L"], d["L_w"], d["A"] = L, L_w, A
         if self.step_size == "auto":
@@ -357,8 +357,8 @@ class SparsifiedProgram(Program):
         d["objective_at"] = self._objective(partials, evaluated)
         step = d["step"]
         new_x = np.empty(D)
-        K.prox_elastic_net(evaluated - step * g, step, self.alpha * self.l1_ratio,
-                           0.0 if self.l2_in_f else self.l2, self.n_features, new_x)
+        kernels.prox_elastic_net(evaluated - step * g, step, self.alpha * self.l1_ratio,
+                                 0.0 if self.l2_in_f else self.l2, self.n_features, new_x)
         if self.method == "iasgd":
             k = d["k"]
             beta = d["beta"] if d["beta"] is not None else k / (k + 3.0)
@@ -387,7 +387,7 @@ class SparsifiedProgram(Program):
         # shifted methods start from the memory (average shift / SAGA table) of last round
         g = d["memory"].copy() if self.method in ("isega", "isaga") else np.zeros(self.n_coords)
         for wi, p in zip(d["weights"], partials):
-            K.scatter_add_blocks(g, self.bounds, self._blocks_of(p), p["values"], wi * r)
+            kernels.scatter_add_blocks(g, self.bounds, self._blocks_of(p), p["values"], wi * r)
         return g
 
     def _advance_memory(self, partials) -> None:
@@ -399,8 +399,8 @@ class SparsifiedProgram(Program):
                 scale = wi * min(self.batch_size or 1, li) / li
             else:
                 return
-            K.scatter_add_blocks(d["memory"], self.bounds, self._blocks_of(p), p["values"],
-                                 scale)
+            kernels.scatter_add_blocks(d["memory"], self.bounds, self._blocks_of(p), p["values"],
+                                       scale)
 
     def _encode_point(self, old, new):
         """Broadcast only the blocks that changed when that is smaller than the point."""
@@ -408,8 +408,8 @@ class SparsifiedProgram(Program):
         ids = np.flatnonzero(changed).astype(np.int32)
         sizes = np.diff(self.bounds)[ids]
         if 8 * int(sizes.sum()) + 4 * len(ids) < 8 * self.n_coords:
-            return Broadcast({"blocks": ids, "values": K.gather_blocks(new, self.bounds, ids,
-                                                                       1.0)})
+            return Broadcast({"blocks": ids, "values": kernels.gather_blocks(new, self.bounds, ids,
+                                                                             1.0)})
         return Broadcast({"x": new.copy()})
 
     def _track(self, f):
@@ -432,9 +432,10 @@ class SparsifiedProgram(Program):
         # whatever tau: stop when the best objective improved by less than tol (relative).
         # With exact local gradients an ISGD / ISEGA iteration advances like A / L of a dense
         # one (the step shrinks by L / A), so the window is n_iter_no_change * ceil(A / L)
-        # iterations; a window of m / tau iterations (one epoch of blocks) let tau = m/n runs
-        # go on 10-60x below the dense method's final suboptimality (issue 27).  Stochastic
-        # estimators and momentum keep the epoch window n_iter_no_change * ceil(m / tau).
+        # iterations; a window of m / tau iterations (one epoch of blocks) would keep tau = m/n
+        # fits running far below the suboptimality the dense method stops at (BENCHMARKS.md
+        # "ISEGA on heterogeneous shards").  Stochastic estimators and momentum keep the epoch
+        # window n_iter_no_change * ceil(m / tau).
         window = self.n_iter_no_change * self._window_factor()
         bests = d["bests"]
         if len(bests) > window:

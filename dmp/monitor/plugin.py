@@ -19,7 +19,7 @@ import warnings
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from ..engine.events import TOPIC, finite_or_none, plain
+from ..engine.events import TOPIC, finite_or_none, jsonable
 from .state import PLUGIN_NAME, MonitorState
 
 logger = logging.getLogger("dmp.monitor")
@@ -89,7 +89,7 @@ class DMPMonitor(SchedulerPlugin):
 
     def to_json(self, fit: str | None = None, since: int = 0) -> str:
         data = (self.state or MonitorState(self.max_fits, self.max_rounds)).snapshot(fit, since)
-        return json.dumps(finite_or_none(plain(data)), allow_nan=False)
+        return json.dumps(finite_or_none(jsonable(data)), allow_nan=False)
 
 
 def current_monitor(scheduler) -> DMPMonitor | None:

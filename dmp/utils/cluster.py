@@ -11,10 +11,9 @@ from __future__ import annotations
 #: machine; `dask.config.set(QUIET_DASK_CONFIG)` around creating a LocalCluster): the event
 #: loop's tick every 200 ms (default 20 ms), the system monitor every 5 s (0.5 s), no
 #: statistical profiler.  With the defaults the driver process (client, scheduler, nannies)
-#: used 12-13% of a core throughout a fit, taken from the workers on 2 cores: the measured
-#: ParMAC 2-worker speed-up went from 1.55x to 1.73x (BENCHMARKS.md; for LDA the effect was
-#: within this machine's noise).  Only the Dask dashboard's system panels update less often
-#: and its profile page stays empty.
+#: takes a share of a core from the workers throughout a fit, which costs a small machine
+#: part of its speed-up (BENCHMARKS.md, ParMAC: "With quieter Dask housekeeping").  Only the
+#: Dask dashboard's system panels update less often and its profile page stays empty.
 QUIET_DASK_CONFIG = {"distributed.admin.tick.interval": "200ms",
                      "distributed.admin.system-monitor.interval": "5s",
                      "distributed.worker.profile.enabled": False}

@@ -1,8 +1,8 @@
 """Dask backend: one resident actor per partition, pinned to a worker by *name*.
 
 Partitions load their shards on the worker from the dataset URL (the client ships only the
-program configuration, plans and small vectors).  Actor calls are direct worker RPCs (about
-1.4 ms) rather than tasks (about 10 ms), which keeps short rounds cheap.
+program configuration, plans and small vectors).  Actor calls are direct worker RPCs rather
+than tasks, which keeps short rounds cheap (BENCHMARKS.md, "Dask round costs").
 """
 
 from __future__ import annotations
@@ -139,8 +139,9 @@ def paused_worker_error(client, address, info, waited) -> WorkerPausedError:
     memory = int((info.get("metrics") or {}).get("memory") or 0)
     limit = int(info.get("memory_limit") or 0)
     frac = _pause_fraction(client, address)
-    used = (f"its process uses {_mib(memory)} of its {_mib(limit)} memory limit "
-            f"({memory / limit:.0%})" if limit else f"its process uses {_mib(memory)}")
+    used = (f"its process uses {_bytes_text(memory)} of its {_bytes_text(limit)} memory "
+            f"limit ({memory / limit:.0%})" if limit
+            else f"its process uses {_bytes_text(memory)}")
     threshold = (f"Dask's pause threshold of {frac:.0%} (distributed.worker.memory.pause)"
                  if frac else "Dask's pause threshold (distributed.worker.memory.pause)")
     return WorkerPausedError(
@@ -152,11 +153,12 @@ def paused_worker_error(client, address, info, waited) -> WorkerPausedError:
 
 
 #: resident memory of a worker before it holds a partition: Python, numpy/scipy, Dask, Numba
-#: and the kernels (about 230 MiB measured), plus a fit's fixed cost (about 55 MiB)
+#: and the kernels, plus a fit's fixed cost (BENCHMARKS.md, "Memory per worker")
 WORKER_BASE_BYTES = 300 * 2**20
 
 
-def _mib(n: float) -> str:
+def _bytes_text(n: float) -> str:
+    """``n`` bytes as a message says it: GiB from 1 GiB up (two decimals), else whole MiB."""
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
@@ -190,10 +192,11 @@ def check_partition_memory(program, specs, placement, limits) -> None:
              else f"The {len(estimates)} partitions need")
     raise InsufficientMemoryError(
         f"the model does not fit the workers' memory: the partition(s) placed on worker "
-        f"{name!r} need about {_mib(n)}, but its memory limit is {_mib(limit)} (Dask pauses "
-        f"a worker at {frac:.0%} of it, and about {_mib(WORKER_BASE_BYTES)} go to Python, "
-        f"Dask and Numba). {parts} about {_mib(total)} in all: "
-        f"{advice}workers with a memory limit of at least {_mib(per_worker)} each.")
+        f"{name!r} need about {_bytes_text(n)}, but its memory limit is {_bytes_text(limit)} "
+        f"(Dask pauses a worker at {frac:.0%} of it, and about "
+        f"{_bytes_text(WORKER_BASE_BYTES)} go to Python, Dask and Numba). {parts} about "
+        f"{_bytes_text(total)} in all: "
+        f"{advice}workers with a memory limit of at least {_bytes_text(per_worker)} each.")
 
 
 #: what distributed's own errors of reaching a worker say (plain ``OSError``, no errno:
@@ -381,8 +384,8 @@ class DaskBackend:
 
     def start(self, program, specs) -> None:
         if self.direct:
-            # actor calls go straight to the worker instead of through the scheduler (about
-            # 3x less latency per round); restored in close()
+            # actor calls go straight to the worker instead of through the scheduler (less
+            # latency per round: BENCHMARKS.md, "Dask round costs"); restored in close()
             self.client.direct_to_workers = True
         self._create(program, specs, self._worker_names())
 
@@ -685,9 +688,9 @@ class DaskBackend:
         """Queue ``msg`` for the scheduler's event log (topic "dmp").
 
         The round loop only appends to a queue: a task on the client's event loop sends what
-        accumulated, in order, as one message every `EVENT_FLUSH_S` seconds (one scheduler
-        round trip per round cost 10-20% of a short-round fit).  ``wait=True`` sends the queue
-        now and returns once the scheduler has it.
+        accumulated, in order, as one message every `EVENT_FLUSH_S` seconds (a scheduler
+        round trip per round slows short rounds: BENCHMARKS.md, "Live monitor overhead").
+        ``wait=True`` sends the queue now and returns once the scheduler has it.
         """
         self._events.append(msg)
         if wait:
