@@ -1,5 +1,6 @@
 """dmp: dynamic model parallelism on Dask (STRADS, ParMAC, independent sparsification)."""
 
+from . import config  # noqa: F401  - dmp's settings join Dask's configuration (dmp.yaml)
 from .utils.cluster import set_monitor_registrar as _set_monitor_registrar
 
 __version__ = "0.1.0"
