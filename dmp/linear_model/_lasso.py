@@ -82,7 +82,8 @@ class Lasso(RegressorMixin, DMPEstimator):
         holds fewer than 10M stored values (sweeps are cheap against a round's messaging, so
         fewer rounds win) and 1 above (a second sweep against a residual missing the other
         partitions' changes costs more than the rounds it saves); 1 for the other schedules
-        (the classic STRADS round).
+        (the classic STRADS round).  The 10M is the Dask setting
+        ``dmp.lasso.one-sweep-values-per-partition``.
     staleness : int, default=0
         Rounds kept in flight beyond the current one (0 = bulk synchronous).
     max_iter : int, default=10000
