@@ -3,6 +3,7 @@
 import atexit as _atexit
 import gc as _gc
 
+from . import config  # noqa: F401  - dmp's settings join Dask's configuration (dmp.yaml)
 from .utils.cluster import set_monitor_registrar as _set_monitor_registrar
 
 __version__ = "0.1.0"

@@ -27,6 +27,11 @@ class CheckpointWarning(UserWarning):
     or a stale checkpoint lock was taken over."""
 
 
+class ConfigWarning(UserWarning):
+    """Dask's configuration has a key in its ``dmp`` section that is none of dmp's settings
+    (``dmp/dmp.yaml``), e.g. a misspelt one: it is ignored."""
+
+
 class WorkerLostError(DMPError, RuntimeError):
     """A worker holding a partition died (its state is gone; the runner recovers)."""
 

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import config
 from .engine.backends.dask import cluster_workers
 from .io.sparse import DatasetError, require_store_kind
 from .pipeline_schema import PipelineError, PipelineSpec, load_pipeline
@@ -383,19 +384,17 @@ def _write_output(out: Path, spec: PipelineSpec, reporter, fits: Fits, report: d
         shutil.rmtree(tmp_out, ignore_errors=True)
 
 
-#: ``in_process: auto`` times the in-process fit up to this many stored values
-IN_PROCESS_MAX_VALUES = 20_000_000
-
-
 def _in_process_wanted(spec, scheduler, ds, params) -> bool:
-    """Whether to time the same fit in-process too (``in_process`` of the pipeline)."""
+    """Whether to time the same fit in-process too (``in_process`` of the pipeline; ``auto``:
+    up to ``dmp.pipeline.in-process-max-values`` stored values)."""
     choice = spec.in_process
     if choice != "auto":
         return bool(choice)
     if scheduler or params.get("backend") is not None:
         return False
     nnz = ds.nnz
-    return isinstance(nnz, (int, np.integer)) and nnz <= IN_PROCESS_MAX_VALUES
+    limit = config.count("dmp.pipeline.in-process-max-values")
+    return isinstance(nnz, (int, np.integer)) and nnz <= limit
 
 
 def _time_in_process(cls, params, ds) -> float:

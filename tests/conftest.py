@@ -119,3 +119,15 @@ def _two_workers_back(request):
     if "dask_client" in request.fixturenames:
         request.getfixturevalue("dask_client").wait_for_workers(2, timeout=60)
     yield
+
+
+@pytest.fixture
+def dask_settings():
+    """``dask_settings({"dmp.batch.max-bytes": 2**20})`` sets Dask settings (dmp's among them)
+    for the rest of one test, with `dask.config.set`; undone after it."""
+    import contextlib
+
+    import dask
+
+    with contextlib.ExitStack() as stack:
+        yield lambda settings: stack.enter_context(dask.config.set(settings))

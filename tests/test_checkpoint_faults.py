@@ -346,6 +346,27 @@ def test_a_stale_lock_is_taken_over_with_a_warning(tmp_path, owner, why):
     assert CheckpointStore(ckpt).latest() == 4 and not os.path.exists(f"{ckpt}/lock")
 
 
+def test_the_age_of_a_stale_lock_is_a_setting(tmp_path, dask_settings, monkeypatch):
+    """``dmp.checkpoint.lock-stale``: a lock an hour old is fresh under a two-hour setting
+    (the old ``DMP_CHECKPOINT_LOCK_STALE_S`` variable still counts, with a warning)."""
+    X, y = make_problem(seed=5)
+    ckpt = str(tmp_path / "ck.zarr")
+    _plant_lock(ckpt, host="elsewhere", heartbeat=time.time() - 3600)
+    fit = Lasso(alpha=0.05 * alpha_max(X, y), random_state=0, backend="local", max_iter=6,
+                tol=1e-12, checkpoint=ckpt, checkpoint_every=2)
+    dask_settings({"dmp.checkpoint.lock-stale": "2h"})
+    with pytest.raises(CheckpointLockedError, match=r"heartbeat is older than 7200 s "
+                                                    r"\(dmp\.checkpoint\.lock-stale\)"):
+        fit.fit(X, y)
+    monkeypatch.setenv("DMP_CHECKPOINT_LOCK_STALE_S", "60")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        with pytest.warns(FutureWarning, match="DASK_DMP__CHECKPOINT__LOCK_STALE"), \
+                pytest.warns(CheckpointWarning, match="heartbeat is 3600 s old"):
+            fit.fit(X, y)
+    assert CheckpointStore(ckpt).latest() == 4
+
+
 def test_lock_of_a_remote_location():
     """On an fsspec location the lock is written and read back the same way."""
     store = CheckpointStore("memory://dmp-lock-test/ck.zarr")

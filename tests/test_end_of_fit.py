@@ -189,7 +189,7 @@ def test_collecting_does_not_push_a_tight_worker_over_its_limit(margin):
     from distributed import Client, LocalCluster
 
     from dmp.decomposition._mf_program import MFProgram
-    from dmp.engine.backends.dask import WORKER_BASE_BYTES, check_partition_memory
+    from dmp.engine.backends.dask import check_partition_memory, worker_base_bytes
     from dmp.engine.backends.base import InsufficientMemoryError
 
     import dask
@@ -212,7 +212,7 @@ def test_collecting_does_not_push_a_tight_worker_over_its_limit(margin):
         frac = dask.config.get("distributed.worker.memory.pause")
         need = max(program.partition_nbytes(s) for s in specs)
         # the smallest limit the check lets through, found from the check itself
-        lo, hi = need, 8 * (need + WORKER_BASE_BYTES)
+        lo, hi = need, 8 * (need + worker_base_bytes())
         while hi - lo > 2**20:
             mid = (lo + hi) // 2
             try:
@@ -220,7 +220,7 @@ def test_collecting_does_not_push_a_tight_worker_over_its_limit(margin):
                 hi = mid
             except InsufficientMemoryError:
                 lo = mid
-        assert hi >= (need + WORKER_BASE_BYTES) / frac
+        assert hi >= (need + worker_base_bytes()) / frac
         limit = int(margin * hi)
         with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                           memory_limit=limit, dashboard_address=":0",

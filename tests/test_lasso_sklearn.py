@@ -174,13 +174,12 @@ def test_history_consistent(problems, schedule):
 
 
 @pytest.mark.parametrize("one_sweep_above", [None, 1])
-def test_auto_inner_sweeps_by_partition_size(problems, monkeypatch, one_sweep_above):
+def test_auto_inner_sweeps_by_partition_size(problems, dask_settings, one_sweep_above):
     """``inner_sweeps="auto"``: 50 on one partition; on several, 3 for small partitions and 1
-    above ONE_SWEEP_NNZ_PER_PARTITION stored values; both reach scikit-learn's optimum."""
-    from dmp.linear_model import _lasso
-
+    above ``dmp.lasso.one-sweep-values-per-partition`` stored values; both reach
+    scikit-learn's optimum."""
     if one_sweep_above is not None:
-        monkeypatch.setattr(_lasso, "ONE_SWEEP_NNZ_PER_PARTITION", one_sweep_above)
+        dask_settings({"dmp.lasso.one-sweep-values-per-partition": one_sweep_above})
     X, y = problems["sparse"]
     alpha, sk = _sk_fit(problems, "sparse", True)
     o_sk = _objective(X, y, sk.coef_, sk.intercept_, alpha)

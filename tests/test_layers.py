@@ -21,6 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "dmp"
 #: package above it.  A part named before its module exists takes its floor when it does.
 LAYERS = (
     ("dmp.exceptions",),
+    ("dmp.config",),                            # dmp's settings (dmp/dmp.yaml)
     ("dmp.utils", "dmp.kernels"),
     ("dmp.io", "dmp.engine", "dmp.pipeline_schema"),  # the formats and the engine know
                                                 # nothing of each other

@@ -11,7 +11,7 @@ import scipy.sparse as sp
 from conftest import make_problem
 from dmp.decomposition import MatrixFactorization
 from dmp.engine.backends.base import InsufficientMemoryError
-from dmp.engine.backends.dask import COLLECT_TRANSIENT_BYTES, check_partition_memory
+from dmp.engine.backends.dask import check_partition_memory, collect_transient_bytes
 from dmp.engine.backends.local import LocalBackend
 from dmp.engine.comm import payload_nbytes
 from dmp.io import write_sparse
@@ -82,7 +82,7 @@ def test_check_names_workers_and_memory_needed():
         check_partition_memory(Prog(), specs, ["a", "b", "a", "b"], {"a": 2**30, "b": 2**30})
     msg = str(err.value)
     # 2 x 300 MiB, plus the piece of each being collected at the end of the fit (2 x 8 MiB)
-    assert COLLECT_TRANSIENT_BYTES == 8 * mib
+    assert collect_transient_bytes() == 8 * mib
     assert "worker 'a' need about 616 MiB" in msg and "memory limit is 1.00 GiB" in msg
     assert "use at least 3 workers" in msg and "at least 1.12 GiB each" in msg
 

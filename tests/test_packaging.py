@@ -73,6 +73,7 @@ def test_wheel_ships_recipes_and_installs_outside_the_checkout(tmp_path):
                if p.is_file() and not p.name.startswith(".")}
     assert {f"dmp/datasets/{p.name}" for p in RECIPES} <= shipped
     assert shipped <= names, f"not in the wheel: {sorted(shipped - names)}"
+    assert "dmp/dmp.yaml" in names                   # dmp's settings (dmp/config.py)
     assert metadata["License-Expression"] == "BSD-3-Clause"
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
 
@@ -87,15 +88,20 @@ def test_wheel_ships_recipes_and_installs_outside_the_checkout(tmp_path):
     code = ("import dmp; from dmp.io import build_dataset\n"
             "print(dmp.__file__)\n"
             "ds = build_dataset('tiny_corpus'); print(ds.shape)\n"
-            "r = build_dataset('sample_svmlight'); print(r.shape)\n")
+            "r = build_dataset('sample_svmlight'); print(r.shape)\n"
+            "import dask; print(dask.config.get('dmp.batch.max-rounds'))\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     assert Path(lines[0]).resolve().is_relative_to(site.resolve()), lines[0]
     # the same datasets as this checkout builds
-    assert lines[1:] == [str(build_dataset("tiny_corpus").shape),
-                         str(build_dataset("sample_svmlight").shape)]
+    assert lines[1:3] == [str(build_dataset("tiny_corpus").shape),
+                          str(build_dataset("sample_svmlight").shape)]
+    # the installed dmp's settings are those of its dmp.yaml
+    assert lines[3:] == [str(yaml.safe_load((PACKAGE / "dmp.yaml").read_text())
+                             ["dmp"]["batch"]["max-rounds"])]
+
 
 
 def test_a_process_that_imported_dmp_skips_the_heap_walk_at_exit():

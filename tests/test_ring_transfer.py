@@ -10,7 +10,11 @@ import pytest
 from dmp.engine import run
 from dmp.engine.backends.local import LocalBackend
 from dmp.engine.program import Broadcast, Program, Sends
-from dmp.engine.worker import RING_PIECE_BYTES, _assemble, _Piecewise, _split_large
+from dmp.config import nbytes
+from dmp.engine.worker import _assemble, _Piecewise, _split_large
+
+#: the size of a ring message's pieces (the workers' default: none of them changes it)
+RING_PIECE_BYTES = nbytes("dmp.ring.piece-bytes")
 
 
 def _big(p, r):
@@ -426,13 +430,11 @@ def test_batched_rounds_are_timed_when_they_ended_on_the_workers(dask_client):
 
 
 @pytest.mark.dask
-def test_batches_keep_their_size_with_a_batch_in_flight(dask_client, monkeypatch):
+def test_batches_keep_their_size_with_a_batch_in_flight(dask_client, dask_settings):
     """A batch is sized by how long the one before ran on the workers, not by issue to
     gather: with the next batch in flight (staleness 1) that also counts the wait behind the
     batch before, and the sizes swung between large batches and batches of one round."""
-    import dmp.engine.runner as runner
-
-    monkeypatch.setattr(runner, "BATCH_TARGET_S", 0.12)
+    dask_settings({"dmp.batch.target-duration": "120ms"})
 
     backend = _counting_backend(dask_client)
     try:
@@ -517,16 +519,14 @@ def test_guarded_arguments_round_trip_with_writable_arrays():
 
 
 @pytest.mark.dask
-def test_batches_bring_back_a_bounded_number_of_bytes(dask_client, monkeypatch):
+def test_batches_bring_back_a_bounded_number_of_bytes(dask_client, dask_settings):
     """A batch's replies hold every round's partials: their bytes bound its length."""
-    from dmp.engine import runner
-
     class Heavy(AllToAll):
         def push(self, s, plan):
             out = super().push(s, plan)
             return Sends({**out.partial, "load": np.zeros(128 * 1024 // 8)}, out.messages)
 
-    monkeypatch.setattr(runner, "BATCH_MAX_BYTES", 1024 * 1024)
+    dask_settings({"dmp.batch.max-bytes": "1MiB"})
     backend = _counting_backend(dask_client)
     try:
         prog = Heavy()
@@ -537,3 +537,21 @@ def test_batches_bring_back_a_bounded_number_of_bytes(dask_client, monkeypatch):
     # two partitions x 128 KiB (and a little more) a round: at most 3 rounds fit 1 MiB
     assert max(m for _, m in backend.calls) == 3
     assert res.history[-1]["bytes_push"] >= 2 * 128 * 1024
+
+
+@pytest.mark.dask
+def test_the_longest_batch_is_a_setting(dask_client, dask_settings):
+    """``dmp.batch.max-rounds`` caps the rounds of one call; the result is the same."""
+    lengths = {}
+    for cap in (None, 3):
+        if cap is not None:
+            dask_settings({"dmp.batch.max-rounds": cap})
+        backend = _counting_backend(dask_client)
+        try:
+            prog = AllToAll()
+            run(prog, backend, max_iter=60)
+        finally:
+            backend.close()
+        assert prog.driver["verdicts"] == [True] * 60
+        lengths[cap] = max(m for _, m in backend.calls)
+    assert lengths[None] > 3 and lengths[3] == 3, lengths

@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from .. import config
 from ..engine.program import Broadcast, Program, Sends
 from . import _lda_kernels as kernels
 
@@ -134,14 +135,11 @@ def pack_block(table: np.ndarray):
     return {"shape": table.shape, "idx": idx, "val": val}
 
 
-#: a block sent on packed whose memory is at most this large is kept to take the next block
-#: unpacked (`unpack_block`): a fresh block costs a page fault per page it touches, as
-#: much CPU time as sampling its tokens at K = 100.  A larger one is let go: a fresh block's
-#: untouched pages stay unmapped, and the block of a model larger than a worker is mostly
-#: zeros, so a reused one would keep the pages of every block it held resident
-SPARE_MAX_BYTES = 64 * 2**20
-
-
+# a block sent on packed whose memory is at most ``dmp.lda.spare-block-bytes`` is kept to
+# take the next block unpacked (`unpack_block`): a fresh block costs a page fault per page it
+# touches, as much CPU time as sampling its tokens at K = 100.  A larger one is let go: a
+# fresh block's untouched pages stay unmapped, and the block of a model larger than a worker
+# is mostly zeros, so a reused one would keep the pages of every block it held resident
 def unpack_block(packed, spare=None) -> np.ndarray:
     """The dense block of ``pack_block``'s output.  ``spare``: ``(block, positions)``, a
     dense block no longer needed and the flat positions of its nonzeros (those it was
@@ -355,7 +353,7 @@ class LDAProgram(Program):
         if dest == s["p"]:
             return table
         packed = pack_block(table)
-        if packed is not table and table.nbytes <= SPARE_MAX_BYTES:
+        if packed is not table and table.nbytes <= config.nbytes("dmp.lda.spare-block-bytes"):
             s["spare"] = (table, packed["idx"])
         return packed
 

@@ -103,7 +103,8 @@ class MatrixFactorization(DMPEstimator):
         CCD++ inner passes per feature (T).
     block_size : int or "auto", default="auto"
         CCD: coordinates per round.  ``"auto"``: all k when a block of
-        ``(n_users + n_items) * block_size * 8`` bytes fits 64 MiB, else the largest that does.
+        ``(n_users + n_items) * block_size * 8`` bytes fits 64 MiB (the Dask setting
+        ``dmp.matrix-factorization.auto-block-bytes``), else the largest that does.
     center : bool, default=True
         Subtract the mean training rating (``mean_``) and model the deviations.
     reg_scaling : {"none", "count"}, default="none"

@@ -35,19 +35,19 @@ import math
 
 import numpy as np
 
+from .. import config
 from ..engine.program import Broadcast, Program, Sends
 from ..kernels import mf as kernels
 from ..utils.text import plural
 
-#: bytes of a coordinate block in flight per round (all parts), for ``block_size="auto"``
-AUTO_BLOCK_BYTES = 64 * 2**20
-
 
 def auto_block_size(n_components: int, n_users: int, n_items: int) -> int:
     """Largest coordinate block whose broadcast (n_users + n_items) x B float64 fits
-    `AUTO_BLOCK_BYTES`, at most ``n_components``."""
+    ``dmp.matrix-factorization.auto-block-bytes`` (in flight per round, all parts), at most
+    ``n_components``."""
     per = 8 * (n_users + n_items)
-    return int(max(1, min(n_components, AUTO_BLOCK_BYTES // per)))
+    budget = config.nbytes("dmp.matrix-factorization.auto-block-bytes")
+    return int(max(1, min(n_components, budget // per)))
 
 
 def MFProgram(dataset, *, method="ccd++", **kwargs):

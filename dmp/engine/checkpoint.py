@@ -27,9 +27,10 @@ The fit's per-round history is appended, not rewritten: each checkpoint adds one
 checkpoint's cost does not grow with the rounds.
 
 A fit writing a location holds its ``lock`` (owner host and pid, a heartbeat refreshed every
-`LOCK_HEARTBEAT_S`); a second fit is refused with `dmp.exceptions.CheckpointLockedError`
-unless the lock is stale (its process gone, on this host, or its heartbeat older than
-`LOCK_STALE_S`), when it is taken over with a warning.
+``dmp.checkpoint.lock-heartbeat``, a Dask setting); a second fit is refused with
+`dmp.exceptions.CheckpointLockedError` unless the lock is stale (its process gone, on this
+host, or its heartbeat older than ``dmp.checkpoint.lock-stale``), when it is taken over with
+a warning.
 
 The location is a local path or an fsspec URL (``s3://bucket/fit.zarr``, ``gs://...``): the
 completion flag, not a rename, is what makes a checkpoint complete, so object stores work the
@@ -55,6 +56,7 @@ import warnings
 import numpy as np
 import zarr
 
+from .. import config
 from ..exceptions import CheckpointError, CheckpointLockedError, CheckpointWarning
 from ..utils.paths import is_remote
 from ..utils.scratch import pid_alive
@@ -63,11 +65,6 @@ logger = logging.getLogger("dmp")
 
 #: 2: checksummed arrays (round ``manifest``), appended history segments, lock
 FORMAT = 2
-#: seconds between two heartbeats of a fit's checkpoint lock
-LOCK_HEARTBEAT_S = 10.0
-#: a lock whose heartbeat is older than this (seconds) is stale: its fit is taken for dead
-#: (``DMP_CHECKPOINT_LOCK_STALE_S`` overrides it)
-LOCK_STALE_S = 120.0
 #: the arrays of a partition (or of the driver) may declare at most this many times the bytes
 #: the fit's own fresh state holds, plus `SIZE_SLACK`, before anything is read
 SIZE_FACTOR = 4
@@ -238,18 +235,24 @@ def read_arrays(path, storage_options=None, *, manifest: dict | None = None,
 
 
 def _lock_stale_s() -> float:
-    try:
-        return float(os.environ.get("DMP_CHECKPOINT_LOCK_STALE_S", LOCK_STALE_S))
-    except ValueError:
-        return LOCK_STALE_S
+    old = os.environ.get("DMP_CHECKPOINT_LOCK_STALE_S")
+    if old is not None:   # the variable before the setting
+        warnings.warn("the environment variable DMP_CHECKPOINT_LOCK_STALE_S is deprecated: "
+                      "use DASK_DMP__CHECKPOINT__LOCK_STALE (Dask setting "
+                      "dmp.checkpoint.lock-stale)", FutureWarning, stacklevel=2)
+        try:
+            return float(old)
+        except ValueError:
+            pass
+    return config.seconds("dmp.checkpoint.lock-stale")
 
 
 class CheckpointLock:
     """The lock of a checkpoint location, held by the fit writing it.
 
     A Zarr group ``lock`` of the store whose attributes name the owner (host, pid, a token)
-    and a heartbeat a thread refreshes every `LOCK_HEARTBEAT_S`.  Created with an exclusive
-    create on a local disk.  Use through `CheckpointStore.lock`.
+    and a heartbeat a thread refreshes every ``dmp.checkpoint.lock-heartbeat``.  Created with
+    an exclusive create on a local disk.  Use through `CheckpointStore.lock`.
     """
 
     def __init__(self, store: "CheckpointStore"):
@@ -364,7 +367,7 @@ class CheckpointLock:
                     f"{age:.0f} s ago); two fits must not write one location: wait for it "
                     f"to end or choose another location.  A lock left by a fit that died is "
                     f"taken over once its process is gone (same host) or its heartbeat is "
-                    f"older than {_lock_stale_s():g} s (DMP_CHECKPOINT_LOCK_STALE_S)")
+                    f"older than {_lock_stale_s():g} s (dmp.checkpoint.lock-stale)")
             msg = (f"taking over the lock of checkpoint location {store.path!r} from pid "
                    f"{owner.get('pid')} on host {owner.get('host')!r}: {reason}")
             warnings.warn(msg, CheckpointWarning, stacklevel=4)
@@ -385,7 +388,7 @@ class CheckpointLock:
         return self
 
     def _beat(self) -> None:
-        while not self._stop.wait(LOCK_HEARTBEAT_S):
+        while not self._stop.wait(config.seconds("dmp.checkpoint.lock-heartbeat")):
             try:
                 self.verify()
                 self._write(exclusive=False)

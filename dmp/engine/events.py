@@ -21,6 +21,8 @@ import uuid
 
 import numpy as np
 
+from .. import config
+
 logger = logging.getLogger("dmp")
 
 TOPIC = "dmp"
@@ -28,12 +30,7 @@ TOPIC = "dmp"
 
 def monitor_enabled() -> bool:
     """Whether fits send events and register the monitor (config key ``dmp.monitor``)."""
-    import dask
-
-    val = dask.config.get("dmp.monitor", True)
-    if isinstance(val, str):
-        return val.strip().lower() not in ("0", "false", "no", "off")
-    return bool(val)
+    return config.flag("dmp.monitor")
 
 
 DIRECTIONS = ("min", "max")

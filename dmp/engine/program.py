@@ -171,8 +171,8 @@ class Program:
         spares a round its calls between the driver and the workers, which dominate rounds
         of a few milliseconds; the runner picks the batch length (at most this many, never
         across a round that starts drained) so that a batch takes about
-        `dmp.engine.runner.BATCH_TARGET_S` and brings back at most
-        `dmp.engine.runner.BATCH_MAX_BYTES` of partials; the results do not depend on it."""
+        ``dmp.batch.target-duration`` and brings back at most ``dmp.batch.max-bytes`` of
+        partials (Dask settings); the results do not depend on it."""
         return 1
 
     def partition_arrays(self, state) -> dict:

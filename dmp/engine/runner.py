@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import config
 from ..exceptions import CheckpointError, CheckpointWarning, RecoveryError, SchedulerLostError
 from .backends.base import WorkerLostError
 from .checkpoint import CheckpointStore, expected_nbytes
@@ -24,15 +25,15 @@ from .program import Broadcast
 
 logger = logging.getLogger("dmp")
 
-#: wall time a batch of rounds (`Program.batch_rounds`) aims at: long enough that the calls
-#: between the driver and the workers cost little, short enough for a live progress bar
-#: and monitor (a callback or convergence stops the fit at the end of a batch)
-BATCH_TARGET_S = 0.25
-#: most rounds in one batch
-BATCH_MAX = 1024
-#: most bytes of partial results one batch brings back to the driver (a batch's replies hold
-#: every round's partials at once)
-BATCH_MAX_BYTES = 64 * 2**20
+
+def _batch_settings() -> tuple[int, float, int]:
+    """``(most rounds, seconds aimed at, most bytes of partials)`` of a batch of rounds
+    (`Program.batch_rounds`): Dask settings ``dmp.batch.max-rounds``, ``target-duration``
+    (long enough that the calls between the driver and the workers cost little, short
+    enough for a live progress bar and monitor: a callback or convergence stops the fit at
+    the end of a batch) and ``max-bytes`` (a batch's replies hold every round's partials)."""
+    return (config.count("dmp.batch.max-rounds"), config.seconds("dmp.batch.target-duration"),
+            config.nbytes("dmp.batch.max-bytes"))
 
 
 @dataclass
@@ -108,6 +109,7 @@ def run(program, backend, **kwargs) -> RunResult:
     A checkpoint location is locked while the fit runs (`dmp.engine.checkpoint.CheckpointLock`):
     another fit writing it raises `dmp.exceptions.CheckpointLockedError`.
     """
+    config.check()   # a misspelt dmp setting would be ignored without a word
     checkpoint = kwargs.get("checkpoint")
     lock = (CheckpointStore(checkpoint).lock() if checkpoint is not None
             else contextlib.nullcontext())
@@ -386,13 +388,14 @@ def _run(program, backend, *, max_iter: int, staleness: int = 0, checkpoint=None
                             *[[res["step_s"] for res in results] for results in results_seq]))
                     # the workers' wall clock on this loop's clock (rounds of a batch)
                     wall_to_loop = time.time() - time.perf_counter() + t_loop0
-                    # rounds per batch: about BATCH_TARGET_S of work and at most BATCH_MAX_BYTES
-                    # of partials, growing at most 4x at once
+                    # rounds per batch: about target_s of work and at most max_bytes of
+                    # partials, growing at most 4x at once
                     push_bytes = [payload_nbytes([res["partial"] for res in results])
                                   for results in results_seq]
-                    batch_cap = int(max(1, min(BATCH_MAX, 4 * m,
-                                               BATCH_TARGET_S * m / max(batch_s, 1e-9),
-                                               BATCH_MAX_BYTES / max(max(push_bytes), 1))))
+                    max_rounds, target_s, max_bytes = _batch_settings()
+                    batch_cap = int(max(1, min(max_rounds, 4 * m,
+                                               target_s * m / max(batch_s, 1e-9),
+                                               max_bytes / max(max(push_bytes), 1))))
                     for j, results in enumerate(results_seq):
                         r = r0 + j
                         partials = [res["partial"] for res in results]

@@ -9,23 +9,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import config
 from ..exceptions import CheckpointError
 from .checkpoint import expected_nbytes, read_arrays, write_arrays
 from .comm import payload_nbytes
 from .program import Sends
 
 
-#: arrays of a ring message larger than this travel in pieces of about this size, each copied
-#: into place on arrival: a whole array sent in one message costs the receiver several
-#: transient copies (receive buffers, frame merge, a writable copy), which a model-parallel
-#: partition sized near its worker's memory limit cannot afford
-RING_PIECE_BYTES = 16 * 2**20
-#: pieces sent before waiting for the first to land (bounds the receiver's transient buffers)
-RING_PIECES_IN_FLIGHT = 4
-#: seconds a partition waits for a ring message the driver says is on its way (every sender
-#: had already handed it to the network when the driver said so; a lost sender is noticed by
-#: the driver well before this)
-RING_WAIT_S = 60.0
+# arrays of a ring message larger than ``dmp.ring.piece-bytes`` travel in pieces of about
+# that size, each copied into place on arrival: a whole array sent in one message costs the
+# receiver several transient copies (receive buffers, frame merge, a writable copy), which a
+# model-parallel partition sized near its worker's memory limit cannot afford.  A partition
+# waits ``dmp.ring.timeout`` for a ring message the driver says is on its way (every sender
+# had already handed it to the network when the driver said so; a lost sender is noticed by
+# the driver well before this)
+
 #: the worker's comm handler that ring messages travel through (see `ActorPartitionWorker`)
 RING_HANDLER = "dmp_ring"
 
@@ -101,9 +99,10 @@ def _split_large(payload, key):
     """``(payload with large arrays replaced by _Piecewise, [(key, array), ...])``; looks at
     the payload itself and at the top level of a tuple, list or dict."""
     pieces = []
+    piece_bytes = config.nbytes("dmp.ring.piece-bytes")
 
     def take(slot, v):
-        if isinstance(v, np.ndarray) and v.ndim >= 1 and v.nbytes > RING_PIECE_BYTES:
+        if isinstance(v, np.ndarray) and v.ndim >= 1 and v.nbytes > piece_bytes:
             pieces.append((key + slot, v))
             return _Piecewise(key + slot)
         return v
@@ -350,15 +349,16 @@ class ActorPartitionWorker(PartitionWorker):
             return
         round, n = inbox
         cond = self._arrival_cond()
+        wait_s = config.seconds("dmp.ring.timeout")
         try:
             async with cond:
                 await asyncio.wait_for(
                     cond.wait_for(lambda: self._arrived.get(round, 0) >= n
-                                  or self._ring_error is not None), RING_WAIT_S)
+                                  or self._ring_error is not None), wait_s)
         except (asyncio.TimeoutError, TimeoutError):
             raise RuntimeError(f"partition {self.index}: {n} ring message(s) of round {round} "
                                f"were sent to it, {self._arrived.get(round, 0)} arrived "
-                               f"within {RING_WAIT_S:.0f} s") from None
+                               f"within {wait_s:.0f} s (dmp.ring.timeout)") from None
         if self._ring_error is not None:
             raise self._ring_error
         for r in [r for r in self._arrived if r <= round]:
@@ -397,20 +397,22 @@ class ActorPartitionWorker(PartitionWorker):
 
     def _send(self, dest: int, round: int, payload) -> None:
         # from the push's thread: large arrays leave piece by piece before the push returns
-        # (at most RING_PIECES_IN_FLIGHT handed to the network at once), the message itself
+        # (at most dmp.ring.pieces-in-flight handed to the network at once), the message itself
         # is checked later (`await_inbox`), its arrival awaited by the peer
         from distributed.protocol import to_serialize
 
         payload, arrays = _split_large(payload, (self.index, round))
+        piece_bytes = config.nbytes("dmp.ring.piece-bytes")
+        in_flight = config.count("dmp.ring.pieces-in-flight")
         for key, arr in arrays:
             arr = np.ascontiguousarray(arr)
-            rows = max(1, RING_PIECE_BYTES // max(arr[0].nbytes, 1))
+            rows = max(1, piece_bytes // max(arr[0].nbytes, 1))
             inflight = []
             for start in range(0, arr.shape[0], rows):
                 inflight.append(self._post(dest, {
                     "kind": "piece", "key": key, "start": start, "shape": arr.shape,
                     "dtype": arr.dtype.str, "piece": to_serialize(arr[start:start + rows])}))
-                if len(inflight) >= RING_PIECES_IN_FLIGHT:
+                if len(inflight) >= in_flight:
                     inflight.pop(0).result()
             for fut in inflight:
                 fut.result()

@@ -17,12 +17,12 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
 
+from .. import config
 from ..exceptions import DMPError
 from ..utils.paths import is_remote as _is_remote
 from ..utils.text import plural, shown
 
 FORMAT_VERSION = 1
-TARGET_SHARD_NNZ = 2_000_000
 MAX_CHUNK = 4 * 1024 * 1024
 
 
@@ -133,8 +133,8 @@ def _check_n_shards(n_shards, m: int, what: str = "columns") -> int:
 
 
 def _default_n_shards(total_nnz: int, m: int) -> int:
-    """About `TARGET_SHARD_NNZ` stored values per shard, at most ``m`` shards."""
-    return min(m, max(1, -(-int(total_nnz) // TARGET_SHARD_NNZ)))
+    """About ``dmp.store.shard-values`` stored values per shard, at most ``m`` shards."""
+    return min(m, max(1, -(-int(total_nnz) // config.count("dmp.store.shard-values"))))
 
 
 # --------------------------------------------------------------------------- kinds of store

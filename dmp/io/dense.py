@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import config
 from ..utils.text import plural, shown
 from ._input import _is_dask
 from ._store import (FORMAT_VERSION, DatasetError, _atomic_write, _check_dest, _normalize_path,
@@ -35,8 +36,6 @@ __all__ = ["DenseDataset", "InMemoryDenseDataset", "write_dense", "append_dense_
 
 KIND = "dense-rows"
 _REQUIRED_ATTRS = ("shape", "n_shards", "row_bounds", "dtype", "complete")
-#: rows per shard written by default: about 64 MiB of float32 per shard
-TARGET_SHARD_BYTES = 64 << 20
 
 
 def _check_dense(X, what: str = "X", n_features: int | None = None):
@@ -63,7 +62,8 @@ def _even_bounds(n: int, n_shards: int) -> np.ndarray:
 
 
 def _default_shards(n: int, p: int) -> int:
-    return int(min(n, max(1, -(-(n * p * 4) // TARGET_SHARD_BYTES))))
+    """Shards written by default: about ``dmp.store.dense-shard-bytes`` of float32 each."""
+    return int(min(n, max(1, -(-(n * p * 4) // config.nbytes("dmp.store.dense-shard-bytes")))))
 
 
 def _check_shards(n_shards, n: int) -> int:

@@ -10,6 +10,7 @@ from sklearn.base import RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
+from .. import config
 from ..base import DMPEstimator, InMemoryData
 from ..io import write_sparse
 from ..io.sparse import InMemorySparseDataset
@@ -20,10 +21,6 @@ from ._lasso_program import LassoProgram
 
 def _is_dataset(X) -> bool:
     return hasattr(X, "load_shards") and hasattr(X, "col_bounds")
-
-
-#: with several partitions, above this many stored values per partition a round is one sweep
-ONE_SWEEP_NNZ_PER_PARTITION = 10_000_000
 
 
 def _auto_inner_sweeps(schedule: str, n_partitions: int, nnz: int) -> int:
@@ -40,7 +37,8 @@ def _auto_inner_sweeps(schedule: str, n_partitions: int, nnz: int) -> int:
         return 1
     if n_partitions == 1:
         return 50
-    return 1 if nnz / n_partitions >= ONE_SWEEP_NNZ_PER_PARTITION else 3
+    one_sweep = config.count("dmp.lasso.one-sweep-values-per-partition")
+    return 1 if nnz / n_partitions >= one_sweep else 3
 
 
 class Lasso(RegressorMixin, DMPEstimator):
@@ -84,7 +82,8 @@ class Lasso(RegressorMixin, DMPEstimator):
         holds fewer than 10M stored values (sweeps are cheap against a round's messaging, so
         fewer rounds win) and 1 above (a second sweep against a residual missing the other
         partitions' changes costs more than the rounds it saves); 1 for the other schedules
-        (the classic STRADS round).
+        (the classic STRADS round).  The 10M is the Dask setting
+        ``dmp.lasso.one-sweep-values-per-partition``.
     staleness : int, default=0
         Rounds kept in flight beyond the current one (0 = bulk synchronous).
     max_iter : int, default=10000

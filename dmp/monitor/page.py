@@ -4,16 +4,16 @@ One table lists every fit the scheduler has seen (estimator, parameters, status,
 metric); the selected fit (the newest running one by default) gets live figures: its metric
 against time and round, per-worker push and idle time per round, cumulative bytes per
 primitive, schedule statistics, and the checkpoint / worker-loss log.  Updated every 500 ms
-by streaming only the rounds not shown yet.
+(``dmp.monitor-page-refresh``) by streaming only the rounds not shown yet.
 """
 
 from __future__ import annotations
 
 import math
 
+from .. import config
 from .state import _NOT_METRICS, FitState, format_value, run_labels, scheduler_state
 
-UPDATE_MS = 500
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
             "#7f7f7f", "#bcbd22", "#17becf")
 # metrics drawn in the schedule panel rather than with the model's metrics; a program can add
@@ -392,7 +392,7 @@ def dmp_doc(scheduler, extra, doc) -> None:
     page.update()
     doc.title = "Dask: dmp"
     doc.add_root(page.root)
-    doc.add_periodic_callback(page.update, UPDATE_MS)
+    doc.add_periodic_callback(page.update, round(1e3 * config.seconds("dmp.monitor-page-refresh")))
     try:   # the dashboard's template: its navigation bar and style
         from distributed.dashboard.components.scheduler import env
 

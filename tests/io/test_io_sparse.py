@@ -4,6 +4,7 @@ import os
 import pickle
 import shutil
 
+import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -11,7 +12,6 @@ import scipy.sparse as sp
 import zarr
 
 import dmp.io._input as input_mod
-import dmp.io._store as store_mod
 import dmp.io.sparse as sparse_mod
 from dmp.io import DatasetError, SparseDataset, open_dataset, write_sparse
 
@@ -108,15 +108,15 @@ def test_shards_balanced_by_nnz(tmp_path):
     assert ds.col_bounds[1] <= 5
 
 
-def test_default_n_shards(tmp_path, monkeypatch):
+def test_default_n_shards(tmp_path):
     X, y = _random_sparse(p=8, density=0.5)
     ds = write_sparse(tmp_path / "a.zarr", X, y)
     assert ds.n_shards == 1
-    monkeypatch.setattr(store_mod, "TARGET_SHARD_NNZ", 60)
-    ds = write_sparse(tmp_path / "b.zarr", X, y)
+    with dask.config.set({"dmp.store.shard-values": 60}):
+        ds = write_sparse(tmp_path / "b.zarr", X, y)
     assert ds.n_shards == int(np.ceil(X.nnz / 60)) < 8
-    monkeypatch.setattr(store_mod, "TARGET_SHARD_NNZ", 1)
-    assert write_sparse(tmp_path / "c.zarr", X, y).n_shards == 8  # capped at p
+    with dask.config.set({"dmp.store.shard-values": 1}):
+        assert write_sparse(tmp_path / "c.zarr", X, y).n_shards == 8  # capped at p
 
 
 def test_attrs_layout_and_codecs(tmp_path):

@@ -7,6 +7,7 @@ import os
 import pickle
 import shutil
 
+import dask
 import dask.array as da
 import numpy as np
 import pytest
@@ -16,7 +17,6 @@ from sklearn.datasets import dump_svmlight_file
 
 import dmp.io.rows as rows_mod
 import dmp.io._input as input_mod
-import dmp.io._store as store_mod
 import dmp.io.sparse as sparse_mod
 from dmp.cli import main
 from dmp.io import (DatasetError, InMemorySparseRowDataset, SparseDataset, SparseRowDataset,
@@ -165,15 +165,15 @@ def test_bounds_balanced_by_nnz(tmp_path):
     np.testing.assert_array_equal(M.toarray(), dense)
 
 
-def test_default_n_shards(tmp_path, monkeypatch):
+def test_default_n_shards(tmp_path):
     X, y = _random_sparse(n=10, p=8, density=0.5)
     assert write_sparse_rows(tmp_path / "a.zarr", X, y).n_shards == 1
-    monkeypatch.setattr(store_mod, "TARGET_SHARD_NNZ", 7)
-    ds = write_sparse_rows(tmp_path / "b.zarr", X, y)
-    assert ds.n_shards == int(np.ceil(X.nnz / 7)) < 10
-    assert InMemorySparseRowDataset(X, y).n_shards == ds.n_shards
-    monkeypatch.setattr(store_mod, "TARGET_SHARD_NNZ", 1)
-    assert write_sparse_rows(tmp_path / "c.zarr", X, y).n_shards == 10  # capped at n
+    with dask.config.set({"dmp.store.shard-values": 7}):
+        ds = write_sparse_rows(tmp_path / "b.zarr", X, y)
+        assert ds.n_shards == int(np.ceil(X.nnz / 7)) < 10
+        assert InMemorySparseRowDataset(X, y).n_shards == ds.n_shards
+    with dask.config.set({"dmp.store.shard-values": 1}):
+        assert write_sparse_rows(tmp_path / "c.zarr", X, y).n_shards == 10  # capped at n
 
 
 def test_attrs_layout_and_codecs(tmp_path):

@@ -14,6 +14,7 @@ from collections import deque
 
 import numpy as np
 
+from ... import config
 from ..program import update_for
 from ..worker import ActorPartitionWorker, guard
 from ...exceptions import (InsufficientMemoryError, RecoveryError, SchedulerLostError,
@@ -24,13 +25,12 @@ from ...utils.cluster import (QUIET_DASK_CONFIG, TLS_SETTINGS, connect,  # noqa:
 from ...utils.cluster import register_monitor as _register_monitor
 from ...utils.text import plural
 
-#: bytes of one piece of a partition's arrays brought to the driver at the end of a fit
-#: (`DaskBackend.collect_stream`): what collecting adds to a worker's memory, twice (the
-#: piece and its serialised frame), which the up-front memory check counts
-COLLECT_PIECE_BYTES = 4 * 2**20
-COLLECT_TRANSIENT_BYTES = 2 * COLLECT_PIECE_BYTES
-#: seconds between two event messages of one fit to the scheduler (see DaskBackend.log_event)
-EVENT_FLUSH_S = 0.2
+
+def collect_transient_bytes() -> int:
+    """What bringing a partition's arrays to the driver at the end of a fit adds to a
+    worker's memory (`DaskBackend.collect_stream`): twice a piece (the piece and its
+    serialised frame) of ``dmp.memory.collect-piece-bytes``, which the memory check counts."""
+    return 2 * config.nbytes("dmp.memory.collect-piece-bytes")
 
 
 _LOST_MARKERS = ("lost", "closed", "connection", "timed out", "no valid worker", "not found")
@@ -81,30 +81,16 @@ def cluster_workers(client) -> dict:
     return {addr: w.get("name", addr) for addr, w in _identity_workers(client).items()}
 
 
-#: seconds between two checks, while partitions load, that their workers are still there
-CREATE_POLL_S = 0.5
 #: Dask setting: how long the fit waits for a paused worker (memory above
 #: ``distributed.worker.memory.pause``) it needs before it raises `WorkerPausedError`
 PAUSE_TIMEOUT_KEY = "dmp.worker-pause-timeout"
-PAUSE_TIMEOUT_DEFAULT = "30s"
-#: longest wait for the scheduler's answer to one check of the workers during a round (a
-#: slow answer only skips that check)
-IDENTITY_POLL_TIMEOUT_S = 5.0
 
 
 def pause_timeout() -> float:
     """Seconds a fit waits for a paused worker (Dask setting ``dmp.worker-pause-timeout``,
     e.g. ``dask.config.set({"dmp.worker-pause-timeout": "2m"})`` or the environment
     variable ``DASK_DMP__WORKER_PAUSE_TIMEOUT=2m``; 30 s by default)."""
-    import dask
-    from dask.utils import parse_timedelta
-
-    value = dask.config.get(PAUSE_TIMEOUT_KEY, PAUSE_TIMEOUT_DEFAULT)
-    try:
-        return float(parse_timedelta(value, default="s"))
-    except (KeyError, ValueError, TypeError):
-        raise ValueError(f"Dask setting {PAUSE_TIMEOUT_KEY} must be a duration such as "
-                         f"'30s' or '2m', got {value!r}") from None
+    return config.seconds(PAUSE_TIMEOUT_KEY)
 
 
 def _pause_fraction(client, address):
@@ -152,9 +138,11 @@ def paused_worker_error(client, address, info, waited) -> WorkerPausedError:
         f"fit waits for a paused worker for {PAUSE_TIMEOUT_KEY} ({pause_timeout():g} s)")
 
 
-#: resident memory of a worker before it holds a partition: Python, numpy/scipy, Dask, Numba
-#: and the kernels, plus a fit's fixed cost (BENCHMARKS.md, "Memory per worker")
-WORKER_BASE_BYTES = 300 * 2**20
+def worker_base_bytes() -> int:
+    """Resident memory of a worker before it holds a partition (``dmp.memory.worker-base``):
+    Python, numpy/scipy, Dask, Numba and the kernels, plus a fit's fixed cost (BENCHMARKS.md,
+    "Memory per worker")."""
+    return config.nbytes("dmp.memory.worker-base")
 
 
 def _bytes_text(n: float) -> str:
@@ -173,29 +161,29 @@ def check_partition_memory(program, specs, placement, limits) -> None:
     if not estimates or any(e is None for e in estimates):
         return
     frac = dask.config.get("distributed.worker.memory.pause", 0.8) or 0.95
+    transient, base = collect_transient_bytes(), worker_base_bytes()
     need: dict = {}
     for name, est in zip(placement, estimates):
         # and, at the end of the fit, the piece of it being collected (`collect_stream`)
-        need[name] = need.get(name, 0) + int(est) + COLLECT_TRANSIENT_BYTES
+        need[name] = need.get(name, 0) + int(est) + transient
     short = [(name, n, limits[name]) for name, n in need.items()
-             if limits.get(name) and n > limits[name] * frac - WORKER_BASE_BYTES]
+             if limits.get(name) and n > limits[name] * frac - base]
     if not short:
         return
-    total = sum(estimates) + COLLECT_TRANSIENT_BYTES * len(estimates)
+    total = sum(estimates) + transient * len(estimates)
     name, n, limit = max(short, key=lambda t: t[1] - t[2])
-    usable = limit * frac - WORKER_BASE_BYTES
+    usable = limit * frac - base
     workers_needed = math.ceil(total / usable) if usable > 0 else None
-    per_worker = (max(need.values()) + WORKER_BASE_BYTES) / frac
+    per_worker = (max(need.values()) + base) / frac
     advice = (f"use at least {plural(workers_needed, 'worker')} with this memory limit, or "
               if workers_needed else "")
     parts = ("The partition needs" if len(estimates) == 1
              else f"The {len(estimates)} partitions need")
     raise InsufficientMemoryError(
         f"the model does not fit the workers' memory: the partition(s) placed on worker "
-        f"{name!r} need about {_bytes_text(n)}, but its memory limit is {_bytes_text(limit)} "
-        f"(Dask pauses a worker at {frac:.0%} of it, and about "
-        f"{_bytes_text(WORKER_BASE_BYTES)} go to Python, Dask and Numba). {parts} about "
-        f"{_bytes_text(total)} in all: "
+        f"{name!r} need about {_bytes_text(n)}, but its memory limit is {_bytes_text(limit)} (Dask pauses "
+        f"a worker at {frac:.0%} of it, and about {_bytes_text(base)} go to Python, "
+        f"Dask and Numba). {parts} about {_bytes_text(total)} in all: "
         f"{advice}workers with a memory limit of at least {_bytes_text(per_worker)} each.")
 
 
@@ -362,7 +350,7 @@ class DaskBackend:
                 # this, to the default client (another cluster's, or none when this client
                 # was made with set_as_default=False: every call then failed)
                 with self.client.as_current():
-                    return fut.result(timeout=CREATE_POLL_S)
+                    return fut.result(timeout=config.seconds("dmp.worker-check.interval"))
             except TimeoutError:
                 if not fut.done():
                     workers = _identity_workers(self.client)
@@ -479,7 +467,8 @@ class DaskBackend:
                 pending = set(tasks)
                 while pending:
                     done, pending = await asyncio.wait(
-                        pending, timeout=CREATE_POLL_S, return_when=asyncio.FIRST_EXCEPTION)
+                        pending, timeout=config.seconds("dmp.worker-check.interval"),
+                        return_when=asyncio.FIRST_EXCEPTION)
                     for t in done:
                         if t.exception() is not None:
                             raise t.exception()
@@ -488,7 +477,7 @@ class DaskBackend:
                         try:
                             info = await asyncio.wait_for(
                                 self.client.scheduler.identity(n_workers=-1),
-                                IDENTITY_POLL_TIMEOUT_S)
+                                config.seconds("dmp.worker-check.timeout"))
                         except asyncio.TimeoutError:
                             self._raise_if_scheduler_lost()
                             continue   # a slow scheduler: check again next time
@@ -645,12 +634,12 @@ class DaskBackend:
     def collect_stream(self, sink, method: str | None = None, start=None,
                        piece_bytes: int | None = None) -> None:
         """Bring the partitions' arrays to the driver in pieces of about ``piece_bytes``
-        (`COLLECT_PIECE_BYTES`): ``start(layouts)`` receives every partition's
+        (``dmp.memory.collect-piece-bytes``): ``start(layouts)`` receives every partition's
         ``{name: (shape, dtype)}``, then ``sink(k, name, first_row, piece)`` each piece (one
         piece per partition in flight: a worker copies at most one piece at a time, so a
         partition sized near its worker's memory limit is collected without a peak).  A
         worker lost meanwhile raises `WorkerLostError`, as in a round."""
-        piece_bytes = piece_bytes or COLLECT_PIECE_BYTES
+        piece_bytes = piece_bytes or config.nbytes("dmp.memory.collect-piece-bytes")
         self._settle_inbox()
         layouts = self._results(self._issue([(a, "collect_layout", (method,))
                                              for a in self.actors]))
@@ -688,7 +677,7 @@ class DaskBackend:
         """Queue ``msg`` for the scheduler's event log (topic "dmp").
 
         The round loop only appends to a queue: a task on the client's event loop sends what
-        accumulated, in order, as one message every `EVENT_FLUSH_S` seconds (a scheduler
+        accumulated, in order, as one message every ``dmp.monitor-flush-interval`` (a scheduler
         round trip per round slows short rounds: BENCHMARKS.md, "Live monitor overhead").
         ``wait=True`` sends the queue now and returns once the scheduler has it.
         """
@@ -734,7 +723,7 @@ class DaskBackend:
         import asyncio
 
         while not self._closed:
-            await asyncio.sleep(EVENT_FLUSH_S)
+            await asyncio.sleep(config.seconds("dmp.monitor-flush-interval"))
             await self._flush_events()
 
     def register_monitor(self) -> bool:
