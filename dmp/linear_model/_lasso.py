@@ -313,13 +313,13 @@ class Lasso(SharedBackendMixin, RegressorMixin, BaseEstimator):
             if tmpdir is not None:
                 shutil.rmtree(tmpdir, ignore_errors=True)
         d = program.driver
-        self.coef_ = d["coef"]
-        self.intercept_ = float(d["intercept"])
+        self.coef_ = d.coef
+        self.intercept_ = float(d.intercept)
         self.n_iter_ = result.n_rounds
-        self.n_updates_ = d["updates"]
+        self.n_updates_ = d.updates
         self.inner_sweeps_ = sweeps
-        self.dual_gap_ = float(d["gap"])
-        self.objective_ = float(d["objective"])
+        self.dual_gap_ = float(d.gap)
+        self.objective_ = float(d.objective)
         self.history_ = history_arrays(result.history)
         self.recoveries_ = result.recoveries
         self.wall_time_ = result.wall_s

@@ -19,6 +19,7 @@ from ..worker import ActorPartitionWorker, guard
 from ...exceptions import RecoveryError, SchedulerLostError, WorkerPausedError
 from ...utils.text import plural
 from .base import InsufficientMemoryError, WorkerLostError
+from .base import Backend
 
 #: bytes of one piece of a partition's arrays brought to the driver at the end of a fit
 #: (`DaskBackend.collect_stream`): what collecting adds to a worker's memory, twice (the
@@ -374,7 +375,7 @@ def _is_worker_loss(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _LOST_MARKERS)
 
 
-class DaskBackend:
+class DaskBackend(Backend):
     """Run every partition as an actor on a ``distributed`` cluster.
 
     Parameters
@@ -395,6 +396,12 @@ class DaskBackend:
     """
 
     kind = "dask"
+    # capabilities (`Backend`): the partitions are actors on the cluster's workers, which
+    # open the dataset themselves and run batches of rounds while the driver works
+    needs_store = True
+    runs_batches = True
+    overlaps_rounds = True
+    sends_events = True
 
     def __init__(self, client, n_workers=None, replacement_timeout=20.0, call_timeout=None,
                  direct=True):
@@ -433,6 +440,11 @@ class DaskBackend:
             return any(str(a).startswith("inproc://") for a in cluster_workers(self.client))
         except Exception:
             return False
+
+    @property
+    def in_driver_process(self) -> bool:
+        """The workers run in this process (`workers_in_this_process`)."""
+        return self.workers_in_this_process()
 
     @property
     def n_partitions(self) -> int:
