@@ -305,7 +305,7 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
             # CCD++'s partitions solve each item update themselves (the driver only keeps
             # the score): on Dask a batch of rounds runs while the one before is scored, with
             # the same factors
-            ahead = int(self.method == "ccd++" and getattr(backend, "kind", "") == "dask")
+            ahead = int(self.method == "ccd++" and backend.overlaps_rounds)
 
             def collect(backend):
                 # part of the fit: a worker lost meanwhile is recovered like one lost in a
@@ -359,12 +359,7 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
             s = starts[part] + row
             F[s:s + len(piece)] = piece
 
-        if hasattr(backend, "collect_stream"):
-            backend.collect_stream(sink, method="factor_arrays")
-        else:   # a backend without streaming: every partition's factors at once
-            for part, arrays in enumerate(backend.collect_all("factor_arrays")):
-                for name, F in arrays.items():
-                    sink(part, name, 0, F)
+        backend.collect_stream(sink, method="factor_arrays")
         return W, H
 
     def _save_factors(self, backend, program):

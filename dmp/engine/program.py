@@ -43,7 +43,8 @@ def unexpected(program, what: str, message, expected: tuple[type, ...]) -> TypeE
 class DriverState:
     """Base of a program's typed driver state (a dataclass with one field per variable).
 
-    ``state["name"]`` reads field ``name``, as it read the dict that drivers were before.
+    ``state["name"]`` and ``state.get("name", default)`` read field ``name``, as they read
+    the dict that drivers were before.
     """
 
     __slots__ = ()
@@ -53,6 +54,9 @@ class DriverState:
             return getattr(self, name)
         except AttributeError:
             raise KeyError(name) from None
+
+    def get(self, name: str, default=None):
+        return getattr(self, name, default)
 
 
 @dataclass(frozen=True)
