@@ -43,8 +43,9 @@ def unexpected(program, what: str, message, expected: tuple[type, ...]) -> TypeE
 class DriverState:
     """Base of a program's typed driver state (a dataclass with one field per variable).
 
-    ``state["name"]`` and ``state.get("name", default)`` read field ``name``, as they read
-    the dict that drivers were before.
+    ``state["name"]`` reads field ``name`` and ``state.get("name", default)`` reads it, or
+    ``default`` while it is None (not set yet), as they read the dict that drivers were
+    before.
     """
 
     __slots__ = ()
@@ -56,7 +57,8 @@ class DriverState:
             raise KeyError(name) from None
 
     def get(self, name: str, default=None):
-        return getattr(self, name, default)
+        value = getattr(self, name, None)
+        return default if value is None else value
 
 
 @dataclass(frozen=True)
