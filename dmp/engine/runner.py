@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..exceptions import CheckpointError, CheckpointWarning, RecoveryError, SchedulerLostError
-from .backends.base import WorkerLostError, check_backend
+from .backends.base import WorkerLostError
+from .backends.protocol import check_backend
 from .checkpoint import CheckpointStore, expected_nbytes
 from .comm import payload_nbytes
 from .events import FitEvents

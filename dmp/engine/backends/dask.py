@@ -19,7 +19,7 @@ from ..worker import ActorPartitionWorker, guard
 from ...exceptions import RecoveryError, SchedulerLostError, WorkerPausedError
 from ...utils.text import plural
 from .base import InsufficientMemoryError, WorkerLostError
-from .base import Backend
+from .protocol import Backend
 
 #: bytes of one piece of a partition's arrays brought to the driver at the end of a fit
 #: (`DaskBackend.collect_stream`): what collecting adds to a worker's memory, twice (the

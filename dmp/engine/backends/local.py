@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..program import update_for
 from ..worker import PartitionWorker
-from .base import Backend
+from .protocol import Backend
 
 
 class LocalBackend(Backend):
