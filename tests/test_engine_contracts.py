@@ -217,3 +217,32 @@ def test_the_lasso_driver_has_named_fields_and_reads_as_before():
     np.testing.assert_array_equal(d["starts"], d.starts)
     with pytest.raises(KeyError, match="no_such"):
         d["no_such"]
+
+
+@pytest.mark.parametrize("program,handles", [
+    ("dmp.decomposition._lda_program:LDAProgram", "CountPlan, SamplePlan"),
+    ("dmp.decomposition._mf_program:CCDProgram", "CCDInitPlan, CCDWPlan, CCDHPlan"),
+    ("dmp.decomposition._mf_program:CCDPPProgram", "PPInitPlan, PPFeaturePlan"),
+    ("dmp.linear_model._sparsified_program:SparsifiedProgram", "InitPlan, StepPlan"),
+    ("dmp.hashing._parmac:ParMACProgram", "StatsPlan, ITQPlan, InitPlan, RestorePlan, "
+                                          "HopPlan, SpreadPlan, CheckPlan, ZPlan"),
+])
+def test_every_program_refuses_a_plan_it_does_not_know(program, handles):
+    """Before it touches the partition's state (the dicts tagged "kind" of before)."""
+    import importlib
+
+    module, name = program.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    prog = cls.__new__(cls)   # dispatch needs no configuration
+    with pytest.raises(TypeError, match=rf"^{name} got a plan of type dict; it handles "
+                                        rf"{handles}$"):
+        prog.push({}, {"kind": "init", "round": 0})
+
+
+def test_ccd_refuses_an_update_it_does_not_know():
+    from dmp.decomposition._mf_program import CCDProgram
+
+    prog = CCDProgram.__new__(CCDProgram)
+    with pytest.raises(TypeError, match=r"^CCDProgram got an update of type dict; it handles "
+                                        r"CCDInitUpdate, CCDWUpdate, CCDHUpdate$"):
+        prog.apply({}, {"kind": "W", "round": 1, "k": (0, 1)})

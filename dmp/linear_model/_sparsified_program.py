@@ -239,12 +239,11 @@ class SparsifiedProgram(Program):
         return K.tau_nice(self.seed, 2 * k, round, self.n_blocks, self.tau)
 
     def push(self, s, plan):
-        x = s["x"]
-        args = (s["indptr"], s["indices"], s["data"], s["y"])
         match plan:
             case InitPlan():
                 out = self._local_stats(s)
-                out["loss"] = K.loss_value(*args, x, self.loss_id, self.fit_intercept)
+                out["loss"] = K.loss_value(s["indptr"], s["indices"], s["data"], s["y"],
+                                           s["x"], self.loss_id, self.fit_intercept)
                 return out
             case StepPlan():
                 return self._step(s, plan)

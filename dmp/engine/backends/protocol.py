@@ -1,7 +1,8 @@
 """The backend interface (`Backend`) and its check (`check_backend`).
 
-Below every backend: `LocalBackend` and `DaskBackend` derive from `Backend`, the runner and
-`resolve_backend` check what they are given with `check_backend`.
+It imports no backend, so that every backend module can import it: `LocalBackend` and
+`DaskBackend` derive from `Backend`; the runner and `resolve_backend` check what they are
+given with `check_backend`.
 """
 
 from __future__ import annotations
