@@ -178,7 +178,10 @@ def check_backend(backend):
     object that does not subclass `Backend` is checked member by member.  A backend that
     declares ``runs_batches`` must also have `Backend.step_batch` and `Backend.gather_batch`.
     """
-    missing = [n for n in _required_members() if not hasattr(backend, n)]
+    # the class first: reading a property (DaskBackend.in_driver_process asks the scheduler)
+    # only to see that it is there would cost a call
+    missing = [n for n in _required_members()
+               if getattr(type(backend), n, None) is None and not hasattr(backend, n)]
     if missing:
         caps = [n for n in missing if n in CAPABILITIES]
         methods = [n for n in missing if n not in CAPABILITIES]
