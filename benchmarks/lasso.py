@@ -16,7 +16,7 @@ Problems (all from ``dmp.io.make_sparse_lasso``, ``fit_intercept=False``, object
 ``alpha_max = ||X^T y||_inf / n``):
 
 * (a) the generator's defaults: n=10,000, p=100,000, density 1e-3 (1M stored values),
-  f = 0.1 and 0.01 (the anchor problem of ANCHORS.md section 1).
+  f = 0.1 and 0.01 (the problem scikit-learn, celer and skglm were first compared on).
 * (b) n=100,000, p=1,000,000, density 2.5e-3 (250M stored values, 3 GB in CSC), f = 0.01.
   Sized so that scikit-learn needs at least 30 s on the 2-core reference machine: a probe
   took 35 s (46 epochs at tol=1e-4, already within 1e-6 of the optimum); at density 1.5e-3

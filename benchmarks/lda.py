@@ -10,8 +10,8 @@ extra: ``pip install -e ".[bench]"``)::
     python benchmarks/lda.py --quick         # a small corpus, about a minute
     python benchmarks/lda.py --topics 100 --sweeps 50 --corpus lee
 
-Corpora: ``synthetic`` (`dmp.io.synthetic.make_lda_corpus` defaults, the ANCHORS.md
-generator: 5,000 documents, 10,000 words, about 1M tokens, 50 true topics, seed 2) and ``lee``
+Corpora: ``synthetic`` (`dmp.io.synthetic.make_lda_corpus` defaults, LDA's generative
+process: 5,000 documents, 10,000 words, about 1M tokens, 50 true topics, seed 2) and ``lee``
 (the Lee background news corpus, `dmp/datasets/lee_background.yaml`, 27k tokens).  Every library
 gets the same counts, K, alpha = 0.1, beta = 0.01 and number of sweeps; tomotopy keeps alpha
 fixed (``optim_interval=0``).  Reported per run: seconds per sweep (median), tokens per second

@@ -65,12 +65,15 @@ def _warm() -> bool:
 
 def pipeline_workload(name):
     def run(client, tmp):
+        import dataclasses
+
         from dmp.pipeline import load_pipeline, run_pipeline
+        from dmp.pipeline_schema import Compare
 
         spec = load_pipeline(str(REPO / "pipelines" / f"{name}.yaml"))
-        if spec.get("compare"):     # one fit: the first value compared
-            (key, values), = spec["compare"].items()
-            spec["compare"] = {key: values[:1]}
+        if spec.compare:     # one fit: the first value compared
+            spec = dataclasses.replace(spec, compare=Compare(spec.compare.key,
+                                                             spec.compare.values[:1]))
         run_pipeline(spec, scheduler=client.scheduler.address, output=str(tmp / name),
                      show_progress=False, log=lambda *a: None)
     return run

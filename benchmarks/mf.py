@@ -14,7 +14,7 @@ It prints the machine, one table per (problem, rank, regularisation) setting, ra
 with PASS/MISS against the targets, a summary, and writes a JSON file
 (``benchmarks/results/mf.json``; with ``--quick`` ``mf-quick.json``).
 
-Problems (``dmp.io.synthetic.make_ratings``, the ANCHORS.md section 3 generator: true factors
+Problems (``dmp.io.synthetic.make_ratings``, the low-rank ratings generator: true factors
 with N(0, 1/sqrt(rank)) entries so <u, v> has unit variance, Gaussian noise sd 0.5, hence a
 test-RMSE floor of about 0.50; uniform distinct (user, item) pairs; random 90/10 train/test
 split; seed 3):
@@ -24,9 +24,9 @@ split; seed 3):
   ``--ranks`` (default 20 and 200) with the unscaled ``alpha = 0.05``.
 * ``spec``: ``make_ratings()`` defaults, 50,000 x 10,000, 2M ratings, true rank 20, fitted at
   rank 20 only (``--ranks`` applies to wp).  1.8M training ratings for 1.2M parameters, so
-  regularisation decides the test RMSE: unscaled ``alpha = 0.05`` overfits (ANCHORS: cmfrec's
+  regularisation decides the test RMSE: unscaled ``alpha = 0.05`` overfits (measured: cmfrec's
   test RMSE grows from 1.82 after one ALS iteration to 2.68 after 20), unscaled
-  ``alpha = 10`` is the best of ANCHORS' scan (0.866 after 20 iterations), and the per-rating
+  ``alpha = 10`` is the best of a cmfrec scan (0.866 after 20 iterations), and the per-rating
   form with 0.05 (``reg_scaling="count"`` in dmp, ``scale_lam=True`` in cmfrec; libmf and
   surprise only have this form) is the third setting.
 * ``--quick``: wp = ``make_ratings(2_000, 500, n_obs=100_000, rank=10)`` at rank 10 (and 30
@@ -51,7 +51,7 @@ them reports progress per iteration):
   cmfrec's conjugate-gradient solves, its default); float32 factors (its default).  Test RMSE
   and the objective of the setting's form (float64 arithmetic; see "Regularisation forms")
   from its factors ``A_``, ``B_``.  Iteration counts 1, 2, 3, 5, 8, 12, 20 on wp, 1, 3, 5,
-  10, 20 on spec (ANCHORS' counts).  ALS-cg only on wp.
+  10, 20 on spec (the counts cmfrec was first measured at).  ALS-cg only on wp.
 * libmf 0.9.2 ``MF(fun=0, k, nr_threads=1|2, nr_iters=n, lambda_p2=lambda_q2=alpha,
   lambda_p1=lambda_q1=0, eta=0.1)`` (FPSGD; L2 per rating).  Its ``predict()`` is broken in
   0.9.2, so RMSE comes from ``p_factors()`` / ``q_factors()``.  Epochs 5, 10, 20, 40.  wp
@@ -81,7 +81,7 @@ test RMSE to 1e-4 relative while below 0.95 x the zero predictor's test RMSE ("c
 the guard keeps a start that sits on the zero plateau for a few iterations from passing for
 converged), or once test RMSE rose at two consecutive counts while train RMSE fell at both
 ("test RMSE rising": overfitting, the best is behind).  On spec the test-RMSE paths are not
-monotone (ANCHORS: cmfrec scale_lam 1.12, 1.29, 0.93 at 1, 5, 20 iterations), so every count
+monotone (measured: cmfrec scale_lam 1.12, 1.29, 0.93 at 1, 5, 20 iterations), so every count
 runs.  Everywhere, a sweep stops before a fit whose predicted time exceeds ``--fit-cap``
 (default 60 s) or would take the sweep past ``--budget`` (default 90 s).  The
 prediction is proportional to the last fit of the same sweep; the first fit at a new rank is
@@ -200,7 +200,7 @@ SPEEDUP_RANK = 200
 RATIO_TARGET = 1.0  # dmp 1 worker / cmfrec 1 thread, time to target
 
 CMFREC_COUNTS = (1, 2, 3, 5, 8, 12, 20)
-SPEC_CMFREC_COUNTS = (1, 3, 5, 10, 20)  # every count runs on spec (no early stop), as ANCHORS
+SPEC_CMFREC_COUNTS = (1, 3, 5, 10, 20)  # every count runs on spec (no early stop)
 LIBMF_COUNTS = (5, 10, 20, 40)
 SURPRISE_COUNTS = (5, 20)
 QUICK_COUNTS = {"cmfrec": (1, 2, 3, 5, 8, 12), "libmf": (5, 10, 20), "surprise": (5, 20)}

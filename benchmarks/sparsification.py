@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Independent sparsification benchmark: the shape of "99% of distributed optimization is a
-waste of time" (Mishchenko, Hanzely, Richtarik; ALGORITHMS.md Part 3) with dmp's
+waste of time" (Mishchenko, Hanzely, Richtarik; docs/algorithms.md, "Independent
+sparsification") with dmp's
 ``SparsifiedSGDRegressor`` / ``SparsifiedSGDClassifier``.
 
 Run from the repository root with the project's environment active::
@@ -20,7 +21,7 @@ gradients, ``tol=None``):
 
 1. ``ridge``: squared loss, ``penalty="l2"``, ``fit_intercept=False``, N=2,000, d=500,
    ``n_blocks=500`` (single coordinates), in the paper's "parallel" setting: identical
-   f_i = f (every worker holds the same N rows, so L_i = L; ALGORITHMS.md 3.6 item 1).
+   f_i = f (every worker holds the same N rows, so L_i = L).
    X is a sparse Gaussian design (density ``--ridge-density``, default 0.05; 1.0 gives a
    dense one) with columns scaled by ``logspace(0, -1, d) / sqrt(density)``, so
    ``X^T X / N`` has eigenvalues spread over about two decades; alpha = 3e-3.
@@ -39,7 +40,8 @@ For every problem, n in {10, 20, 100} and tau in {1, m/(2n), m/n, 2m/n, m} (each
 rules, the same for every tau: (a) ``step_size = 1/L`` with L the exact smoothness of the
 objective, ``c * lambda_max([X 1]^T [X 1] / N) + alpha`` (c = 1 squared, 1/4 logistic;
 no ones column without an intercept), computed with numpy; (b) ``step_size="auto"``
-(dmp's rule from the workers' local smoothness constants, ALGORITHMS.md 3.4).
+(dmp's rule from the workers' local smoothness constants; docs/algorithms.md, "Step rule as
+implemented").
 
 Per run: iterations to reach relative suboptimality ``(F - F*) / |F*| <= 1e-6`` and blocks
 uploaded to get there.  ``history_["objective"][t]`` is F at the point the workers used in

@@ -139,63 +139,6 @@ def _cmd_data_make(args) -> int:
     return 0
 
 
-_OPTS = {
-    "svmlight": {"shards": "--shards", "layout": "--layout", "n_features": "--n-features"},
-    "ratings": {"file_format": "--format", "split": "--split", "seed": "--seed",
-                "duplicates": "--duplicates", "sep": "--sep", "columns": "--columns"},
-    "uci": {"shards": "--shards", "vocab": "--vocab"},
-    "text": {"shards": "--shards", "per": "--per", "min_count": "--min-count",
-             "stop_words": "--stop-words"},
-    "features": {"shards": "--shards", "n_queries": "--queries",
-                 "queries_source": "--queries-file", "max_points": "--max-points",
-                 "seed": "--seed"},
-}
-
-
-def _cmd_data_convert(args) -> int:
-    own = _OPTS[args.format]
-    given = sorted({flag for opts in _OPTS.values() for dest, flag in opts.items()
-                    if dest not in own and getattr(args, dest) is not None})
-    if given:
-        raise ValueError(f"{', '.join(given)}: not an option of {args.format} conversion")
-    with _warnings_as_lines():
-        ds = _convert(args)
-    print(ds)
-    return 0
-
-
-def _convert(args):
-    from .io import convert_corpus, convert_features, convert_ratings, convert_svmlight
-
-    if args.format == "svmlight":
-        ds = convert_svmlight(args.source, args.dest, n_shards=args.shards,
-                              n_features=args.n_features, overwrite=args.overwrite,
-                              layout=args.layout or "columns")
-    elif args.format == "ratings":
-        ds = convert_ratings(args.source, args.dest, format=args.file_format or "auto",
-                             split=args.split or (0.8, 0.1, 0.1),
-                             seed=0 if args.seed is None else args.seed,
-                             duplicates=args.duplicates or "error", sep=args.sep,
-                             columns=args.columns, overwrite=args.overwrite)
-    elif args.format in ("uci", "text"):
-        ds = convert_corpus(args.source, args.dest, format=args.format, vocab=args.vocab,
-                            n_shards=args.shards, overwrite=args.overwrite,
-                            per=args.per or "line",
-                            stop_words=None if args.stop_words == "none"
-                            else (args.stop_words or "english"),
-                            min_count=5 if args.min_count is None else args.min_count)
-    elif args.format == "features":
-        ds = convert_features(args.source, args.dest, n_shards=args.shards,
-                              n_queries=args.n_queries or 0,
-                              queries_source=args.queries_source,
-                              max_points=args.max_points,
-                              seed=0 if args.seed is None else args.seed,
-                              overwrite=args.overwrite)
-    else:
-        raise ValueError(f"unknown format {args.format!r}; known: {', '.join(_OPTS)}")
-    return ds
-
-
 def _validated(ds) -> str:
     """What ``ds.validate()`` (which returned) checked, in one line."""
     from .io import DenseDataset, RatingsDataset, SparseRowDataset
@@ -301,6 +244,150 @@ def _int_at_least(low: int):
     return parse
 
 
+def _cmd_data_convert(args) -> int:
+    with _warnings_as_lines():
+        ds = args.convert(args)
+    print(ds)
+    return 0
+
+
+def _convert_svmlight(args):
+    from .io import convert_svmlight
+
+    return convert_svmlight(args.source, args.dest, n_shards=args.shards,
+                            n_features=args.n_features, overwrite=args.overwrite,
+                            layout=args.layout)
+
+
+def _convert_ratings(args):
+    from .io import convert_ratings
+
+    return convert_ratings(args.source, args.dest, format=args.file_format, split=args.split,
+                           seed=args.seed, duplicates=args.duplicates, sep=args.sep,
+                           columns=args.columns, overwrite=args.overwrite)
+
+
+def _convert_uci(args):
+    from .io import convert_corpus
+
+    return convert_corpus(args.source, args.dest, format="uci", vocab=args.vocab,
+                          n_shards=args.shards, overwrite=args.overwrite)
+
+
+def _convert_text(args):
+    from .io import convert_corpus
+
+    return convert_corpus(args.source, args.dest, format="text", n_shards=args.shards,
+                          overwrite=args.overwrite, per=args.per,
+                          stop_words=None if args.stop_words == "none" else args.stop_words,
+                          min_count=args.min_count)
+
+
+def _convert_features(args):
+    from .io import convert_features
+
+    return convert_features(args.source, args.dest, n_shards=args.shards,
+                            n_queries=args.n_queries, queries_source=args.queries_source,
+                            max_points=args.max_points, seed=args.seed,
+                            overwrite=args.overwrite)
+
+
+class _FormatParser(argparse.ArgumentParser):
+    """The parser of one ``dmp data convert`` format: an option of another format is an
+    error that names it (argparse alone would call it unrecognized)."""
+
+    #: the options of the other formats (set once every format is declared)
+    foreign: frozenset = frozenset()
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        given = sorted({a.split("=", 1)[0] for a in extras} & self.foreign)
+        if given:
+            fmt = self.prog.rsplit(" ", 1)[-1]
+            self.error(f"{', '.join(given)}: not an option of {fmt} conversion")
+        return namespace, extras
+
+
+def _add_convert_parser(dsub) -> None:
+    """``dmp data convert FORMAT SOURCE DEST``: one sub-parser per format, with that
+    format's options only."""
+    conv = dsub.add_parser("convert", help="convert a file to a dmp Zarr dataset",
+                           description="Convert a file to a dmp Zarr dataset; "
+                                       "'dmp data convert FORMAT --help' lists a format's "
+                                       "options.")
+    formats = conv.add_subparsers(dest="format", required=True, metavar="FORMAT",
+                                  parser_class=_FormatParser)
+
+    def add(name, what, convert):
+        f = formats.add_parser(name, help=what, description=what)
+        f.add_argument("source", help="the file to convert" if name != "features" else
+                       "the file to convert, or 'digits' (scikit-learn's)")
+        f.add_argument("dest", help="the Zarr dataset to write")
+        f.set_defaults(func=_cmd_data_convert, convert=convert)
+        return f
+
+    def shards(f):
+        f.add_argument("--shards", type=_int_at_least(1), default=None,
+                       help="number of shards")
+
+    svm = add("svmlight", "LIBSVM file -> sparse store", _convert_svmlight)
+    shards(svm)
+    svm.add_argument("--layout", choices=["columns", "rows"], default="columns",
+                     help="shard by columns (model-parallel, default) or by rows "
+                          "(data-parallel)")
+    svm.add_argument("--n-features", type=_int_at_least(1), default=None, help="columns")
+
+    rat = add("ratings", "user/item/rating file -> ratings store", _convert_ratings)
+    rat.add_argument("--format", dest="file_format",
+                     choices=["auto", "movielens", "csv", "triplets"], default="auto",
+                     help="file format (default auto)")
+    rat.add_argument("--split", type=_fractions, default=(0.8, 0.1, 0.1),
+                     help="train,valid,test fractions (default 0.8,0.1,0.1)")
+    rat.add_argument("--seed", type=int, default=0, help="split seed (default 0)")
+    rat.add_argument("--duplicates", choices=["error", "mean", "last", "sum"],
+                     default="error", help="repeated (user, item) pairs (default error)")
+    rat.add_argument("--sep", default=None,
+                     help="field delimiter (default sniffed; '\\t' or 'tab' for tab)")
+    rat.add_argument("--columns", type=_columns, default=None,
+                     help="the user, item and rating columns, by header name "
+                          "(userId,movieId,stars) or 0-based position (0,1,3) (default: "
+                          "found by name in the header, else the first three)")
+
+    uci = add("uci", "UCI bag-of-words docword file -> corpus store", _convert_uci)
+    shards(uci)
+    uci.add_argument("--vocab", default=None, help="the vocab.*.txt file")
+
+    txt = add("text", "plain-text documents -> corpus store", _convert_text)
+    shards(txt)
+    txt.add_argument("--per", choices=["line", "file"], default="line",
+                     help="one document per line of SOURCE, or per file of the directory "
+                          "SOURCE (default line)")
+    txt.add_argument("--min-count", type=_int_at_least(1), default=5,
+                     help="prune words seen fewer times in all (default 5)")
+    txt.add_argument("--stop-words", choices=["english", "none"], default="english",
+                     help="stop-word list (default english)")
+
+    feat = add("features", ".fvecs/.bvecs/.ivecs/.npy/CSV feature vectors (or 'digits', "
+                           "scikit-learn's) -> dense store", _convert_features)
+    shards(feat)
+    feat.add_argument("--queries", dest="n_queries", type=_int_at_least(0), default=0,
+                      help="hold out this many random points as queries")
+    feat.add_argument("--queries-file", dest="queries_source", default=None,
+                      help="held-out queries from this file (e.g. *_query.fvecs)")
+    feat.add_argument("--max-points", type=_int_at_least(1), default=None,
+                      help="keep the first points only")
+    feat.add_argument("--seed", type=int, default=0, help="query-draw seed (default 0)")
+
+    parsers = (svm, rat, uci, txt, feat)
+    for f in parsers:
+        f.add_argument("--overwrite", action="store_true",
+                       help="replace a dmp dataset already at DEST")
+    options = {f: {o for a in f._actions for o in a.option_strings} for f in parsers}
+    every = set().union(*options.values())
+    for f in parsers:
+        f.foreign = frozenset(every - options[f])
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dmp", description="Dynamic model parallelism on Dask.")
     p.add_argument("-v", "--verbose", action="count", default=0)
@@ -361,52 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--output", help="Zarr path (default: the cache directory)")
     m.add_argument("--overwrite", action="store_true")
     m.set_defaults(func=_cmd_data_make)
-    c = dsub.add_parser("convert", help="convert a file to a dmp Zarr dataset")
-    c.add_argument("format", choices=list(_OPTS),
-                   help="svmlight: LIBSVM file -> sparse store; ratings: user/item/rating "
-                        "file -> ratings store; uci: UCI bag-of-words docword file -> "
-                        "corpus store; text: plain-text documents -> corpus store; "
-                        "features: .fvecs/.bvecs/.ivecs/.npy/CSV feature vectors (or "
-                        "'digits', scikit-learn's) -> dense store")
-    c.add_argument("source")
-    c.add_argument("dest")
-    c.add_argument("--shards", type=_int_at_least(1), default=None,
-                   help="svmlight, uci, text, features: number of shards")
-    c.add_argument("--layout", choices=["columns", "rows"], default=None,
-                   help="svmlight: shard by columns (model-parallel, default) or by rows "
-                        "(data-parallel)")
-    c.add_argument("--n-features", type=_int_at_least(1), default=None, help="svmlight: columns")
-    c.add_argument("--format", dest="file_format",
-                   choices=["auto", "movielens", "csv", "triplets"], default=None,
-                   help="ratings: file format (default auto)")
-    c.add_argument("--split", type=_fractions, default=None,
-                   help="ratings: train,valid,test fractions (default 0.8,0.1,0.1)")
-    c.add_argument("--seed", type=int, default=None,
-                   help="ratings, features: split / query-draw seed (default 0)")
-    c.add_argument("--queries", dest="n_queries", type=_int_at_least(0), default=None,
-                   help="features: hold out this many random points as queries")
-    c.add_argument("--queries-file", dest="queries_source", default=None,
-                   help="features: held-out queries from this file (e.g. *_query.fvecs)")
-    c.add_argument("--max-points", type=_int_at_least(1), default=None,
-                   help="features: keep the first points only")
-    c.add_argument("--duplicates", choices=["error", "mean", "last", "sum"], default=None,
-                   help="ratings: repeated (user, item) pairs (default error)")
-    c.add_argument("--sep", default=None,
-                   help="ratings: field delimiter (default sniffed; '\\t' or 'tab' for tab)")
-    c.add_argument("--columns", type=_columns, default=None,
-                   help="ratings: the user, item and rating columns, by header name "
-                        "(userId,movieId,stars) or 0-based position (0,1,3) (default: "
-                        "found by name in the header, else the first three)")
-    c.add_argument("--vocab", default=None, help="uci: the vocab.*.txt file")
-    c.add_argument("--per", choices=["line", "file"], default=None,
-                   help="text: one document per line of SOURCE, or per file of the "
-                        "directory SOURCE (default line)")
-    c.add_argument("--min-count", type=_int_at_least(1), default=None,
-                   help="text: prune words seen fewer times in all (default 5)")
-    c.add_argument("--stop-words", choices=["english", "none"], default=None,
-                   help="text: stop-word list (default english)")
-    c.add_argument("--overwrite", action="store_true")
-    c.set_defaults(func=_cmd_data_convert)
+    _add_convert_parser(dsub)
     i = dsub.add_parser("info", help="print a dataset's metadata")
     i.add_argument("path")
     i.add_argument("--validate", action="store_true", help="read and check every shard")

@@ -1,15 +1,24 @@
-"""The pipeline YAML format, declared once: every key, its type, its default and what it means.
+"""The pipeline YAML format, declared once: every key, its type, its default and what it means,
+and the typed spec a file is read into.
 
-`dmp.pipeline.load_pipeline` validates every file against `PIPELINE` (with the
-``file:line:`` messages of `validate`), the README's "Pipeline files" table is
-`reference_markdown()` verbatim (a test keeps them equal), and `json_schema()` gives the same
-format as a JSON Schema for editors.
+`load_pipeline` checks a file against `PIPELINE` (the `dmp.utils.schema` checks, worded here
+with ``file:line:``) and the estimator's own parameter checks, and returns a `PipelineSpec`;
+the README's "Pipeline files" table is `reference_markdown()` verbatim (a test keeps them
+equal), and `json_schema()` gives the same format as a JSON Schema for editors.
 """
 
 from __future__ import annotations
 
+import importlib
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Callable
+from pathlib import Path
+
+import yaml
+
+from .utils import schema as _schema
+from .utils.schema import Key, key_lines
 
 #: estimator classes a pipeline may name (``class:``), and where they live
 ESTIMATORS = {"Lasso": "dmp.linear_model:Lasso",
@@ -21,46 +30,8 @@ ESTIMATORS = {"Lasso": "dmp.linear_model:Lasso",
 SPARSIFIED = ("SparsifiedSGDClassifier", "SparsifiedSGDRegressor")
 
 
-@dataclass(frozen=True)
-class Key:
-    """One key of the format.
-
-    Parameters
-    ----------
-    kind : str
-        ``"string"`` (non-empty), ``"positive_integer"``, ``"mapping"`` (of the ``keys``
-        given, or free-form when ``keys`` is None), ``"list"``, ``"string_or_mapping"``,
-        ``"size"`` (a string such as ``4GiB`` or a number of bytes), ``"boolean_or_auto"``,
-        ``"any"``.
-    doc : str
-        What it means (the README's reference says this).
-    default : object
-        The value used when the key is absent (None: absent means "none").
-    default_doc : str, optional
-        The default as the reference prints it, where it is not a plain value.
-    required : bool
-    keys : dict, optional
-        A mapping's own keys.
-    choices : tuple, optional
-        The allowed values (of the key, or of a list's items).
-    only_for : tuple, optional
-        Estimator classes the key applies to.
-    noun : str, optional
-        What a value is, for the message when it is not one of ``choices``.
-    check : callable, optional
-        ``check(value) -> message or None``, for what the kind alone cannot say.
-    """
-
-    kind: str
-    doc: str
-    default: object = None
-    default_doc: str | None = None
-    required: bool = False
-    keys: dict | None = None
-    choices: tuple | None = None
-    only_for: tuple | None = None
-    noun: str | None = None
-    check: Callable | None = field(default=None, compare=False)
+class PipelineError(ValueError):
+    """A pipeline file is invalid."""
 
 
 def _check_compare(value):
@@ -122,66 +93,14 @@ PIPELINE = {
                       }),
 }
 
-_EXPECT = {"string": "a non-empty string", "positive_integer": "a positive integer",
-           "mapping": "a mapping", "list": "a list", "any": "a value",
-           "string_or_mapping": "a name, path or URL, or a recipe mapping",
-           "size": "a size such as 4GiB, a number of bytes or 'auto'",
-           "boolean_or_auto": "true, false or auto"}
 
-
-def _kind_ok(kind, value) -> bool:
-    if kind == "string":
-        return isinstance(value, str) and bool(value.strip())
-    if kind == "positive_integer":
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-    if kind == "mapping":
-        return isinstance(value, dict)
-    if kind == "list":
-        return isinstance(value, list)
-    if kind == "string_or_mapping":
-        return (isinstance(value, str) and bool(value.strip())) or isinstance(value, dict)
-    if kind == "size":
-        return ((isinstance(value, str) and bool(value.strip()))
-                or (isinstance(value, (int, float)) and not isinstance(value, bool)
-                    and value > 0))
-    if kind == "boolean_or_auto":
-        return isinstance(value, bool) or value == "auto"
-    return True
-
+# -- checking a file ----------------------------------------------------------------------
 
 def validate(spec, fail, schema=None, prefix=()) -> None:
-    """Check ``spec`` against the schema; ``fail(message, *key_path)`` reports a problem at
-    the line of the deepest key of ``key_path`` that the file has (it raises)."""
-    schema = PIPELINE if schema is None else schema
-    under = f" under {'.'.join(prefix)!r}" if prefix else ""
-    for key in spec:
-        if key not in schema:
-            fail(f"unknown key {key!r}{under}; allowed: {sorted(schema)}", *prefix, key)
-    for key, k in schema.items():
-        if key not in spec:
-            if k.required:
-                hint = f" (one of {list(k.choices)})" if k.choices else ""
-                fail(f"missing required key {key!r}{under}{hint}", *prefix)
-            continue
-        value = spec[key]
-        dotted = ".".join((*prefix, key))
-        if value is None and not k.required and k.kind in ("mapping",):
-            continue   # `cluster:` with nothing under it: the defaults
-        if not _kind_ok(k.kind, value):
-            fail(f"{dotted!r} must be {_EXPECT[k.kind]}, got {value!r}", *prefix, key)
-        if k.choices is not None:
-            items = value if k.kind == "list" else [value]
-            bad = [v for v in items if v not in k.choices]
-            if bad and k.noun:
-                fail(f"unknown {k.noun} {bad[0]!r}; known: {list(k.choices)}", *prefix, key)
-            if bad:
-                fail(f"{dotted!r}: {bad[0]!r} is not one of {list(k.choices)}", *prefix, key)
-        if k.check is not None:
-            msg = k.check(value)
-            if msg:
-                fail(msg, *prefix, key)
-        if k.kind == "mapping" and k.keys is not None:
-            validate(value, fail, k.keys, (*prefix, key))
+    """Check ``spec`` against the schema; ``fail(message, *key_path)`` reports the first
+    problem at the line of the deepest key of ``key_path`` that the file has (it raises)."""
+    for problem in _schema.problems(spec, PIPELINE if schema is None else schema, prefix):
+        fail(problem.message(), *problem.where)
 
 
 def check_applies(spec, fail, class_name) -> None:
@@ -194,84 +113,223 @@ def check_applies(spec, fail, class_name) -> None:
 
 def apply_defaults(spec, schema=None) -> dict:
     """Fill the plain defaults in (mappings recursively), in place; returns ``spec``."""
-    schema = PIPELINE if schema is None else schema
-    for key, k in schema.items():
-        if k.kind == "mapping" and k.keys is not None and (key in spec or k.default is not None):
-            if spec.get(key) is None:
-                spec[key] = {}
-            apply_defaults(spec[key], k.keys)
-        elif key not in spec and k.default is not None:
-            spec[key] = _copy(k.default)
-    return spec
-
-
-def _copy(v):
-    return list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
-
-
-def _default_text(k: Key) -> str:
-    if k.required:
-        return "required"
-    if k.default_doc is not None:
-        return k.default_doc
-    if k.default is None:
-        return "none"
-    if isinstance(k.default, list):
-        return "`[" + ", ".join(map(str, k.default)) + "]`"
-    return f"`{k.default}`"
+    return _schema.apply_defaults(spec, PIPELINE if schema is None else schema)
 
 
 def reference_markdown() -> str:
     """The README's table of every key: name, type, default, meaning."""
-    rows = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
-
-    def walk(schema, prefix):
-        for key, k in schema.items():
-            name = ".".join((*prefix, key))
-            kind = k.kind.replace("_", " ")
-            if k.choices:
-                kind += ": " + ", ".join(f"`{c}`" for c in k.choices)
-            doc = k.doc + (f" Only for {', '.join(k.only_for)}." if k.only_for else "")
-            rows.append(f"| `{name}` | {kind} | {_default_text(k)} | {doc} |")
-            if k.keys:
-                walk(k.keys, (*prefix, key))
-
-    walk(PIPELINE, ())
-    return "\n".join(rows) + "\n"
+    return _schema.reference_markdown(PIPELINE)
 
 
 def json_schema() -> dict:
     """The format as a JSON Schema (draft 2020-12), for editors; `validate` is the check."""
-    def node(k: Key) -> dict:
-        out = {"description": k.doc}
-        if k.kind == "string":
-            out.update(type="string", minLength=1)
-        elif k.kind == "positive_integer":
-            out.update(type="integer", minimum=1)
-        elif k.kind == "list":
-            out["type"] = "array"
-            if k.choices:
-                out["items"] = {"enum": list(k.choices)}
-        elif k.kind == "string_or_mapping":
-            out["type"] = ["string", "object"]
-        elif k.kind == "size":
-            out["type"] = ["string", "number"]
-        elif k.kind == "boolean_or_auto":
-            out["enum"] = [True, False, "auto"]
-        elif k.kind == "mapping":
-            out["type"] = "object"
-            if k.keys is not None:
-                out.update(mapping(k.keys))
-        if k.choices and k.kind != "list":
-            out["enum"] = list(k.choices)
-        if k.default is not None:
-            out["default"] = k.default
-        return out
+    return _schema.json_schema(PIPELINE, "dmp pipeline")
 
-    def mapping(schema):
-        return {"properties": {key: node(k) for key, k in schema.items()},
-                "required": [key for key, k in schema.items() if k.required],
-                "additionalProperties": False}
 
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
-            "title": "dmp pipeline", "type": "object", **mapping(PIPELINE)}
+def estimator_class(name: str) -> type:
+    """The estimator class a pipeline's ``class:`` names (imported when asked for)."""
+    module, attr = ESTIMATORS[name].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def load_pipeline(path) -> PipelineSpec:
+    """Read and validate a pipeline YAML file.
+
+    Every error names the file, the line and the key (``file.yaml:7: ...``), including the
+    estimator's own parameter checks, so a typo is found before any data is built or any
+    cluster is started.
+
+    Returns
+    -------
+    PipelineSpec
+        The file with the schema's defaults filled in.
+
+    Raises
+    ------
+    FileNotFoundError
+        No file at ``path``.
+    PipelineError
+        The file is not valid YAML or not a valid pipeline.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"pipeline file {str(path)!r} does not exist")
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError as exc:
+        raise PipelineError(f"{path}: not a text file ({exc})") from None
+    try:
+        spec = yaml.safe_load(text)
+        lines = key_lines(yaml.compose(text))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise PipelineError(f"{where}: not valid YAML: {problem}") from None
+
+    def fail(msg, *keys):
+        while keys and keys not in lines:
+            keys = keys[:-1]
+        where = f"{path}:{lines[keys]}" if keys else str(path)
+        raise PipelineError(f"{where}: {msg}")
+
+    if not isinstance(spec, dict):
+        fail("a pipeline must be a mapping of keys")
+    validate(spec, fail)
+    est = spec["estimator"]
+    check_applies(spec, fail, est["class"])
+    apply_defaults(spec)
+    compare = spec.get("compare") or {}
+    params = est.get("params") or {}
+    if "alpha_ratio" in params and est["class"] != "Lasso":
+        fail("'alpha_ratio' is only defined for Lasso", "estimator", "params", "alpha_ratio")
+    if "alpha_ratio" in params and "alpha" in params:
+        fail("give either 'alpha' or 'alpha_ratio', not both",
+             "estimator", "params", "alpha_ratio")
+    _check_params(est["class"], params, compare, fail)
+    spec.setdefault("output", f"runs/{spec['name']}")
+    return PipelineSpec.from_dict(spec, path=path.resolve(), lines=lines)
+
+
+def _check_params(class_name, params, compare, fail) -> None:
+    """Run the estimator's own parameter checks on ``params`` (and on every ``compare``
+    value) now, reporting the line of the offending parameter."""
+    cls = estimator_class(class_name)
+    known = set(cls().get_params())
+    for key in params:
+        if key not in known and key != "alpha_ratio":
+            fail(f"unknown parameter {key!r} for {class_name}; known: {sorted(known)}",
+                 "estimator", "params", key)
+    for key in compare:
+        if key not in known:
+            fail(f"'compare' names {key!r}, not a parameter of {class_name}", "compare", key)
+    values = dict(params)
+    if "alpha_ratio" in values:
+        ratio = values.pop("alpha_ratio")
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 0:
+            fail(f"'alpha_ratio' must be a number > 0, got {ratio!r}",
+                 "estimator", "params", "alpha_ratio")
+        values["alpha"] = 1.0   # the real alpha is known once the data is
+    (cmp_key, cmp_values), = compare.items() if compare else ((None, [None]),)
+    for value in cmp_values:
+        trial = {**values, cmp_key: value} if cmp_key else values
+        try:
+            cls(**trial)._validate_params()
+        except (TypeError, ValueError) as exc:
+            bad = [k for k in trial if re.search(rf"\b{re.escape(k)}\b", str(exc))]
+            keys = (("compare", cmp_key) if cmp_key in bad else
+                    ("estimator", "params", bad[0]) if bad else ("estimator", "params"))
+            fail(f"invalid parameter for {class_name}: {exc}", *keys)
+
+
+# -- the typed spec -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """``estimator:``: the class a pipeline fits and its constructor parameters as the file
+    gives them (Lasso's ``alpha_ratio`` included: the data resolves it)."""
+
+    class_name: str
+    params: dict
+
+    @property
+    def cls(self) -> type:
+        return estimator_class(self.class_name)
+
+
+@dataclass(frozen=True)
+class Compare:
+    """``compare:``: one fit per value of one estimator parameter."""
+
+    key: str
+    values: tuple
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """``cluster:``: the embedded ``LocalCluster``."""
+
+    n_workers: int
+    threads_per_worker: int
+    memory_limit: object
+
+
+@dataclass(frozen=True)
+class EvaluationSpec:
+    """``evaluation:``: the retrieval evaluation of hash codes."""
+
+    k: int
+    baselines: tuple
+
+
+@dataclass(frozen=True)
+class PipelineSpec(Mapping):
+    """A checked pipeline file (`load_pipeline`), every default filled in.
+
+    The fields are the keys of `PIPELINE`; ``path`` is the file (resolved) and ``lines`` the
+    line of every key path in it (``{("estimator", "params", "tol"): 7, ...}``).  A spec
+    also reads as the mapping the file gives, defaults included
+    (``spec["estimator"]["params"]``): what `load_pipeline` returned before it was typed.
+    """
+
+    name: str
+    dataset: object
+    estimator: EstimatorSpec
+    cluster: ClusterSpec
+    checkpoint_every: int
+    in_process: object
+    output: str
+    path: Path
+    lines: dict = field(repr=False)
+    description: str | None = None
+    compare: Compare | None = None
+    checkpoints: str | None = None
+    storage_options: dict | None = None
+    reference: str | None = None
+    evaluation: EvaluationSpec | None = None
+
+    @classmethod
+    def from_dict(cls, spec: dict, *, path, lines=None) -> PipelineSpec:
+        """The spec of a checked pipeline mapping with its defaults filled in."""
+        est = spec["estimator"]
+        compare = spec.get("compare") or {}
+        (key, values), = compare.items() if compare else ((None, None),)
+        ev = spec.get("evaluation")
+        return cls(
+            name=spec["name"], dataset=spec["dataset"],
+            estimator=EstimatorSpec(est["class"], dict(est.get("params") or {})),
+            cluster=ClusterSpec(**spec["cluster"]),
+            checkpoint_every=spec["checkpoint_every"], in_process=spec["in_process"],
+            output=spec["output"], path=Path(path), lines=dict(lines or {}),
+            description=spec.get("description"),
+            compare=Compare(key, tuple(values)) if key is not None else None,
+            checkpoints=spec.get("checkpoints"), storage_options=spec.get("storage_options"),
+            reference=spec.get("reference"),
+            evaluation=EvaluationSpec(ev["k"], tuple(ev["baselines"])) if ev else None)
+
+    def as_dict(self) -> dict:
+        """The mapping form: the file's keys with the defaults filled in."""
+        out = {"name": self.name, "description": self.description, "dataset": self.dataset,
+               "estimator": {"class": self.estimator.class_name,
+                             "params": self.estimator.params},
+               "compare": ({self.compare.key: list(self.compare.values)}
+                           if self.compare else None),
+               "cluster": {"n_workers": self.cluster.n_workers,
+                           "threads_per_worker": self.cluster.threads_per_worker,
+                           "memory_limit": self.cluster.memory_limit},
+               "checkpoint_every": self.checkpoint_every, "checkpoints": self.checkpoints,
+               "storage_options": self.storage_options, "output": self.output,
+               "in_process": self.in_process, "reference": self.reference,
+               "evaluation": ({"k": self.evaluation.k,
+                               "baselines": list(self.evaluation.baselines)}
+                              if self.evaluation else None)}
+        return {k: v for k, v in out.items() if v is not None}
+
+    def __getitem__(self, key):
+        return self.as_dict()[key]
+
+    def __iter__(self):
+        return iter(self.as_dict())
+
+    def __len__(self):
+        return len(self.as_dict())

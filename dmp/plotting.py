@@ -309,22 +309,23 @@ def plot_rmse(histories: dict, *, path=None, test_rmse=None, wall_time=None):
 
 def _declared_primaries(history) -> list[tuple[str, str]]:
     """``(name, direction)`` of the programs' primary metrics (`dmp.engine.events.primary_of`),
-    the default ``objective`` first; the estimators' modules are imported only when
-    ``history`` has no objective (they are slow to import)."""
+    the default ``objective`` first, then those every `Program` subclass defined so far
+    declares (a model's program is defined once its estimator is imported)."""
     from .engine.events import primary_of
     from .engine.program import Program
 
     out = [primary_of(Program)]
     if out[0][0] in history:
         return out
-    from .decomposition._lda_program import LDAProgram
-    from .decomposition._mf_program import _MFBase
-    from .hashing._parmac import ParMACProgram
-    from .linear_model._lasso_program import LassoProgram
-    from .linear_model._sparsified_program import SparsifiedProgram
-
-    return out + [primary_of(p) for p in (LassoProgram, SparsifiedProgram, _MFBase,
-                                          LDAProgram, ParMACProgram)]
+    todo = list(Program.__subclasses__())
+    while todo:
+        cls = todo.pop(0)
+        todo.extend(cls.__subclasses__())
+        try:
+            out.append(primary_of(cls))
+        except ValueError:   # a program that misdeclares its own is refused when it runs
+            pass
+    return out
 
 
 def plot_training(history, *, path=None, metric: str | None = None, title: str | None = None):

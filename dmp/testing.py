@@ -365,9 +365,7 @@ def _format_cores(n_workers, cpu, driver_cpu, scheduler_cpu) -> str:
 def _driver_path() -> list[str]:
     """The driver's import path for the children, as LocalCluster's spawned workers get it:
     the scheduler and the workers unpickle functions of dmp and of the driver's modules."""
-    import dmp
-
-    paths = [os.path.dirname(os.path.dirname(os.path.abspath(dmp.__file__)))]
+    paths = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]   # above dmp/
     prefixes = tuple(os.path.abspath(p) + os.sep for p in {sys.prefix, sys.base_prefix})
     for p in sys.path + os.environ.get("PYTHONPATH", "").split(os.pathsep):
         p = os.path.abspath(p) if p else os.getcwd()
@@ -510,7 +508,7 @@ class EmulatedCluster:
         self.nanny = nanny
         self.dashboard = dashboard
         if dask_config is None:
-            from .engine.backends.dask import QUIET_DASK_CONFIG
+            from .utils.cluster import QUIET_DASK_CONFIG
 
             dask_config = QUIET_DASK_CONFIG
         self.dask_config = dict(dask_config)

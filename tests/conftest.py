@@ -94,7 +94,7 @@ def _local_client(n_workers, log_level):
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                      dashboard_address=":0", silence_logs=log_level) as cluster, \
+                      dashboard_address="127.0.0.1:0", silence_logs=log_level) as cluster, \
             Client(cluster) as client:
         yield client
 
@@ -105,6 +105,17 @@ def cluster3():
     yield from _local_client(3, logging.CRITICAL)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def dask_client():
+    """Two single-threaded worker processes, shared by every module that asks for them (a
+    cluster's start and its workers' first imports cost seconds on two cores)."""
     yield from _local_client(2, logging.ERROR)
+
+
+@pytest.fixture(autouse=True)
+def _two_workers_back(request):
+    """A test sharing `dask_client` finds both workers there: one that an earlier test killed
+    has been replaced by its nanny before the next test starts."""
+    if "dask_client" in request.fixturenames:
+        request.getfixturevalue("dask_client").wait_for_workers(2, timeout=60)
+    yield

@@ -1,9 +1,10 @@
 """Plain numpy / Python collapsed Gibbs sampling for LDA: the references of tests/test_lda.py.
 
-Written from the formulas (ALGORITHMS.md 1.4), not from the Numba kernels: one token at a
-time, the conditional ``(n_dk + a)(n_wk + b)/(n_k + V b)`` and its inverse CDF.  The sparse
-variant reproduces the bucket order of STRADS' "sample by word" (document bucket over the
-document's topic list, then the dense bucket) so that it consumes uniforms identically.
+Written from the formulas (docs/algorithms.md, "Collapsed Gibbs conditional"), not from the
+Numba kernels: one token at a time, the conditional ``(n_dk + a)(n_wk + b)/(n_k + V b)`` and
+its inverse CDF.  The sparse variant reproduces the bucket order of STRADS' "sample by word"
+(document bucket over the document's topic list, then the dense bucket) so that it consumes
+uniforms identically.
 """
 
 from __future__ import annotations

@@ -383,6 +383,41 @@ def test_dmp_run_parmac_pipeline(tmp_path, capsys):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
 
+#: every format of `dmp data convert` and its own options
+CONVERT_OPTIONS = {
+    "svmlight": {"--shards", "--layout", "--n-features"},
+    "ratings": {"--format", "--split", "--seed", "--duplicates", "--sep", "--columns"},
+    "uci": {"--shards", "--vocab"},
+    "text": {"--shards", "--per", "--min-count", "--stop-words"},
+    "features": {"--shards", "--queries", "--queries-file", "--max-points", "--seed"},
+}
+
+
+def test_data_convert_has_one_parser_per_format(capsys):
+    """``dmp data convert --help`` lists the formats, and each format's ``--help`` its own
+    options only (and --overwrite); another format's option is refused by name."""
+    import re
+
+    with pytest.raises(SystemExit) as exc:
+        main(["data", "convert", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for fmt in CONVERT_OPTIONS:
+        assert re.search(rf"^\s+{fmt}\s+\S", out, flags=re.M), out
+    every = set().union(*CONVERT_OPTIONS.values())
+    for fmt, own in CONVERT_OPTIONS.items():
+        with pytest.raises(SystemExit) as exc:
+            main(["data", "convert", fmt, "--help"])
+        assert exc.value.code == 0
+        flags = set(re.findall(r"--[a-z][a-z-]*", capsys.readouterr().out))
+        assert flags == own | {"--help", "--overwrite"}, fmt
+        other = sorted(every - own)[0]
+        with pytest.raises(SystemExit) as exc:
+            main(["data", "convert", fmt, "in", "out", other, "1"])
+        assert exc.value.code == 2
+        assert f"{other}: not an option of {fmt} conversion" in capsys.readouterr().err
+
+
 def test_data_convert_features(tmp_path, capsys):
     X = np.random.default_rng(0).standard_normal((40, 5)).astype(np.float32)
     rec = np.empty(40, dtype=[("d", "<i4"), ("v", "<f4", (5,))])
@@ -397,8 +432,10 @@ def test_data_convert_features(tmp_path, capsys):
     np.testing.assert_array_equal(ds.load_queries(), X[:3])
     assert main(["data", "info", str(tmp_path / "x.zarr")]) == 0
     assert "held-out queries: 3" in capsys.readouterr().out
-    assert main(["data", "convert", "features", str(tmp_path / "x.fvecs"),
-                 str(tmp_path / "y.zarr"), "--vocab", "v.txt"]) != 0
+    with pytest.raises(SystemExit) as exc:   # an argparse error, before any conversion
+        main(["data", "convert", "features", str(tmp_path / "x.fvecs"),
+              str(tmp_path / "y.zarr"), "--vocab", "v.txt"])
+    assert exc.value.code != 0
     assert "--vocab: not an option of features conversion" in capsys.readouterr().err
     assert not (tmp_path / "y.zarr").exists()
 

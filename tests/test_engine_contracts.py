@@ -157,7 +157,7 @@ def _lasso(P=2):
     import scipy.sparse as sp
 
     from dmp.linear_model._lasso_program import LassoProgram
-    from dmp.utils.data import InMemorySparseDataset
+    from dmp.io.sparse import InMemorySparseDataset
 
     rng = np.random.default_rng(0)
     X = sp.random(30, 12, density=0.3, random_state=0, format="csc")

@@ -46,7 +46,7 @@ def stores(tmp_path_factory):
     `MatrixFactorization(factors_store=...)` fit and the ``coef.zarr`` of ``dmp run``."""
     from dmp.decomposition import MatrixFactorization
     from dmp.linear_model import Lasso
-    from dmp.pipeline import _write_coef
+    from dmp.reports import _write_coef
 
     root = tmp_path_factory.mktemp("hostile")
     X = sp.random(40, 30, density=0.2, random_state=0, format="csc")

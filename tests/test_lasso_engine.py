@@ -7,7 +7,7 @@ import scipy.sparse as sp
 from dmp.engine import Broadcast, LocalBackend, run
 from dmp.io import lasso_alpha_max, make_correlated_lasso
 from dmp.linear_model._lasso_program import CDPlan, GapPlan, LassoProgram, RefreshPlan
-from dmp.utils.data import InMemorySparseDataset
+from dmp.io.sparse import InMemorySparseDataset
 
 SCHEDULES = ["priority", "round_robin", "random"]
 

@@ -249,7 +249,8 @@ def test_bad_settings_are_named(digits):
     with pytest.raises(ValueError, match="no variation"):
         BinaryAutoencoder(2, backend="local").fit(np.ones((50, 4)))
     ba = BinaryAutoencoder(8, max_iter=1, backend="local").fit(Db[:200])
-    with pytest.raises(ValueError, match="has 10 features, expected 64"):
+    with pytest.raises(ValueError,
+                       match="X has 10 features, but BinaryAutoencoder is expecting 64"):
         ba.transform(Q[:, :10])
     with pytest.raises(ValueError, match="codes must be"):
         ba.inverse_transform(np.zeros((3, 5), dtype=np.uint8))

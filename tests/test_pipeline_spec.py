@@ -107,6 +107,73 @@ def test_missing_keys_are_named(tmp_path):
         load_pipeline(bad)
 
 
+# -- the typed spec, and one reporter per estimator class --------------------------------
+
+def test_load_pipeline_gives_a_typed_spec_that_reads_as_the_mapping_too():
+    from dmp.hashing import BinaryAutoencoder
+    from dmp.pipeline_schema import ClusterSpec, Compare, EvaluationSpec, PipelineSpec
+
+    path = REPO / "pipelines" / "parmac.yaml"
+    spec = load_pipeline(path)
+    assert isinstance(spec, PipelineSpec) and spec.path == path.resolve()
+    assert spec.estimator.class_name == "BinaryAutoencoder"
+    assert spec.estimator.cls is BinaryAutoencoder
+    assert spec.compare == Compare("n_workers", (1, 2))
+    assert spec.cluster == ClusterSpec(n_workers=2, threads_per_worker=1, memory_limit="auto")
+    assert spec.evaluation == EvaluationSpec(k=50, baselines=("itq", "pca"))
+    assert spec.reference is None and spec.checkpoint_every == 50
+    k_line = next(i for i, line in enumerate(path.read_text().splitlines(), 1)
+                  if line.strip().startswith("k:"))
+    assert spec.lines[("evaluation", "k")] == k_line
+    # the mapping load_pipeline returned before the spec was typed
+    assert spec["compare"] == {"n_workers": [1, 2]} and spec["evaluation"]["k"] == 50
+    assert spec["estimator"]["params"] == spec.estimator.params
+    assert "reference" not in spec and spec.get("checkpoints") is None
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINE["estimator"].keys["class"].choices))
+def test_every_estimator_a_pipeline_names_has_a_reporter(name):
+    """What dmp run reports of a fit is chosen by the estimator's class, and the reporter's
+    primary metric is its program's."""
+    from dmp.engine.events import primary_of
+    from dmp.engine.program import Program
+    from dmp.pipeline_schema import estimator_class
+    from dmp.reports import Reporter, reporter_for
+
+    reporter = reporter_for(estimator_class(name))
+    assert issubclass(reporter, Reporter) and reporter is not Reporter
+    assert issubclass(reporter.program, Program)
+    assert primary_of(reporter.program)[1] in ("min", "max")
+
+
+def test_a_reporter_is_found_through_the_class_hierarchy():
+    from sklearn.base import BaseEstimator
+
+    from dmp.linear_model import Lasso
+    from dmp.reports import Reporter, register, reporter_for
+
+    class MyLasso(Lasso):
+        pass
+
+    assert reporter_for(MyLasso) is reporter_for(Lasso)
+
+    class Unreported(BaseEstimator):
+        pass
+
+    with pytest.raises(TypeError, match=r"dmp run has no report for Unreported \(it reports "
+                                        r".*Lasso.*\); register one with dmp.reports.register"):
+        reporter_for(Unreported)
+
+    @register(Unreported)
+    class UnreportedReport(Reporter):
+        pass
+
+    class Sub(Unreported):
+        pass
+
+    assert reporter_for(Sub) is UnreportedReport
+
+
 # -- warnings: at the user's call -------------------------------------------------------
 
 def _lasso_data():
@@ -156,13 +223,14 @@ def test_mf_convergence_warning_points_at_the_callers_line():
 def _fit_as_shipped(name, **override):
     """The shipped pipeline's estimator on its dataset, in-process: the same iterates as on
     the cluster (tested elsewhere), in a fraction of the time."""
-    from dmp.pipeline import _estimator_class, _open_data
+    from dmp.pipeline import _open_data
+    from dmp.pipeline_schema import estimator_class
 
     spec = load_pipeline(REPO / "pipelines" / f"{name}.yaml")
     ds = _open_data(spec)
     params = {**spec["estimator"]["params"], "backend": "local", **override}
     (key, values), = (spec.get("compare") or {None: [None]}).items()
-    cls = _estimator_class(spec["estimator"]["class"])
+    cls = estimator_class(spec["estimator"]["class"])
     for value in values:
         p = dict(params, **({key: value} if key else {}))
         p.setdefault("n_workers", spec["cluster"]["n_workers"])

@@ -214,7 +214,7 @@ def test_a_real_lasso_history_and_its_timing_fields():
     from conftest import alpha_max, make_problem
 
     from dmp.linear_model import Lasso
-    from dmp.pipeline import _loop_times
+    from dmp.reports import loop_times
 
     X, y = make_problem(n=200, p=600, density=0.05, seed=1)
     est = Lasso(alpha=0.05 * alpha_max(X, y), tol=1e-8, random_state=0, n_workers=2,
@@ -231,7 +231,7 @@ def test_a_real_lasso_history_and_its_timing_fields():
     np.testing.assert_allclose(gap_line.get_xdata(), np.asarray(h["time"])[at])
     assert gap_line.get_ydata()[-1] == pytest.approx(est.dual_gap_)
     assert min(fig.axes[0].lines[0].get_ydata()) > 1e-14
-    times = _loop_times(est, wall)
+    times = loop_times(est.history_, wall)
     assert times["round_loop_time_s"] == float(h["time"][-1]) > 0
     assert times["setup_time_s"] == pytest.approx(wall - times["round_loop_time_s"])
     assert times["setup_time_s"] >= 0

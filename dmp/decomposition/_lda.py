@@ -4,22 +4,17 @@ from __future__ import annotations
 
 import math
 import numbers
-import shutil
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
+from sklearn.base import ClassNamePrefixFeaturesOutMixin, TransformerMixin
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import check_array, check_is_fitted
 
-from ..engine import resolve_backend, run
-from ..engine.checkpoint import content_digest, dataset_fingerprint, tag_content
-from ..engine.runner import history_arrays
-from ..io.sparse import require_store_kind
-from ..linear_model._lasso import seed_from
-from ..utils.estimator import SharedBackendMixin
-from ..utils.scratch import temporary_store_dir
-from ..utils.text import plural, shown
+from ..base import DMPEstimator, InMemoryData, computed
+from ..io import InMemorySparseRowDataset, write_sparse_rows
+from ..utils.estimator import seed_from
+from ..utils.text import shown
 from . import _lda_kernels as K
 from ._lda_program import LDAProgram, check_count_values, check_documents
 
@@ -28,38 +23,54 @@ def _is_row_dataset(X) -> bool:
     return hasattr(X, "load_row_shards") and hasattr(X, "row_partition")
 
 
+#: the scikit-learn estimator checks that fit on random real values (`_expected_failed_checks`)
+_CHECKS_ON_REAL_VALUES = (
+    "check_dict_unchanged", "check_dont_overwrite_parameters", "check_dtype_object",
+    "check_estimators_dtypes", "check_estimators_fit_returns_self", "check_estimators_nan_inf",
+    "check_estimators_overwrite_params", "check_estimators_pickle",
+    "check_f_contiguous_array_estimator", "check_fit2d_1feature", "check_fit2d_1sample",
+    "check_fit2d_predict1d", "check_fit_check_is_fitted", "check_fit_idempotent",
+    "check_fit_score_takes_y", "check_methods_sample_order_invariance",
+    "check_methods_subset_invariance", "check_n_features_in",
+    "check_n_features_in_after_fitting", "check_pipeline_consistency",
+    "check_readonly_memmap_input", "check_transformer_data_not_an_array",
+    "check_transformer_general", "check_transformer_n_iter",
+    "check_transformer_preserve_dtypes")
+_SPARSE_CHECKS = ("check_estimator_sparse_array", "check_estimator_sparse_matrix",
+                  "check_estimator_sparse_tag")
+
+
 def check_counts(X, what: str = "X", n_features: int | None = None) -> sp.csr_matrix:
-    """A documents x words matrix of token counts as CSR float64, validated: 2-D, finite,
-    non-negative integers, at least one token, the expected number of words."""
-    if hasattr(X, "dask") and hasattr(X, "compute"):
-        X = X.compute()
-    if sp.issparse(X):
-        # a copy with one index dtype: the caller's matrix is never modified, and a CSR
-        # with int64 indptr but int32 indices (as loaded from a store) works in place
-        X = sp.csr_matrix(X, dtype=np.float64, copy=True)
-        X.indptr = X.indptr.astype(np.int64)
-        X.indices = X.indices.astype(np.int64)
-    else:
-        try:
-            arr = np.asarray(X, dtype=np.float64)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{what} must be a documents x words count matrix: {e}") from None
-        if arr.ndim != 2:
-            raise ValueError(f"{what} must be 2-D (documents x words), got shape {arr.shape}")
-        X = sp.csr_matrix(arr)
-    X.sum_duplicates()
+    """A documents x words matrix of token counts as CSR float64, validated: 2-D, real,
+    finite, non-negative integers, at least one token, the expected number of words
+    (refused with scikit-learn's words where it has them)."""
+    X = check_array(computed(X), accept_sparse=True, dtype="numeric", ensure_all_finite=False,
+                    ensure_2d=False, allow_nd=True, ensure_min_samples=0,
+                    ensure_min_features=0, input_name=what)
+    if X.ndim != 2:
+        raise ValueError(f"{what} must be 2-D (documents x words), got shape {X.shape}. "
+                         f"Reshape your data with X.reshape(1, -1) if it holds one document")
     if X.shape[0] < 1 or X.shape[1] < 1:
-        raise ValueError(f"{what} is empty (shape {X.shape})")
-    check_count_values(X.data, what)
+        found = f"{X.shape[1]} feature(s)" if X.shape[1] < 1 else f"{X.shape[0]} sample(s)"
+        raise ValueError(f"{what} is empty: found {found} (shape={X.shape}) while a minimum "
+                         f"of 1 is required.")
     if n_features is not None and X.shape[1] != n_features:
-        raise ValueError(f"{what} has {X.shape[1]} words (columns), but the model was fitted "
-                         f"on a vocabulary of {n_features}")
+        raise ValueError(f"{what} has {X.shape[1]} features, but LatentDirichletAllocation "
+                         f"is expecting {n_features} features as input (the vocabulary of "
+                         f"{n_features} words it was fitted on)")
+    # a copy with one index dtype: the caller's matrix is never modified, and a CSR with
+    # int64 indptr but int32 indices (as loaded from a store) works in place
+    X = sp.csr_matrix(X, dtype=np.float64, copy=True)
+    X.indptr = X.indptr.astype(np.int64)
+    X.indices = X.indices.astype(np.int64)
+    X.sum_duplicates()
+    check_count_values(X.data, what)
     X.eliminate_zeros()
     return X
 
 
-class LatentDirichletAllocation(SharedBackendMixin, ClassNamePrefixFeaturesOutMixin,
-                                TransformerMixin, BaseEstimator):
+class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixin,
+                                DMPEstimator):
     """Latent Dirichlet allocation by collapsed Gibbs sampling with STRADS word rotation.
 
     Documents are sharded over the workers, which keep their tokens, topic assignments and
@@ -132,8 +143,11 @@ class LatentDirichletAllocation(SharedBackendMixin, ClassNamePrefixFeaturesOutMi
 
     #: the kinds of dmp store it fits (`dmp.io.sparse.STORE_KINDS`)
     _store_kinds = ("sparse-rows",)
+    _scratch_kind = "lda"
 
     _parameter_constraints: dict = {
+        **DMPEstimator._parameter_constraints,
+        **DMPEstimator._checkpoint_constraints,
         "n_components": [Interval(numbers.Integral, 1, None, closed="left")],
         "doc_topic_prior": [Interval(numbers.Real, 0, None, closed="neither"), None],
         "topic_word_prior": [Interval(numbers.Real, 0, None, closed="neither"), None],
@@ -141,14 +155,6 @@ class LatentDirichletAllocation(SharedBackendMixin, ClassNamePrefixFeaturesOutMi
         "schedule": [StrOptions({"rotation"})],
         "sampler": [StrOptions({"sparse", "dense"})],
         "transform_max_iter": [Interval(numbers.Integral, 2, None, closed="left")],
-        "backend": [StrOptions({"auto", "local", "dask"}), object],
-        "n_workers": [Interval(numbers.Integral, 1, None, closed="left"), None],
-        "random_state": ["random_state"],
-        "checkpoint": [str, object, None],
-        "checkpoint_every": [Interval(numbers.Integral, 1, None, closed="left")],
-        "resume": ["boolean"],
-        "show_progress": ["boolean"],
-        "callback": [callable, None],
     }
 
     def __init__(self, n_components=10, *, doc_topic_prior=None, topic_word_prior=None,
@@ -175,50 +181,22 @@ class LatentDirichletAllocation(SharedBackendMixin, ClassNamePrefixFeaturesOutMi
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.sparse = True
+        tags.input_tags.positive_only = True
         tags.requires_fit = True
         tags.transformer_tags.preserves_dtype = ["float64"]
         return tags
 
+    def _expected_failed_checks(self):
+        real = ("it fits on random real values: collapsed Gibbs sampling needs token counts "
+                "(non-negative integers), and LDA refuses anything else")
+        sparse = ("its sparse matrices hold random real values and rows of zeros: LDA needs "
+                  "token counts and refuses empty documents")
+        return {**dict.fromkeys(_CHECKS_ON_REAL_VALUES, real),
+                **dict.fromkeys(_SPARSE_CHECKS, sparse)}
+
     @property
     def _n_features_out(self):
         return self.components_.shape[0]
-
-    # ------------------------------------------------------------------ data
-    def _prepare_data(self, X, backend):
-        """Return (row dataset of counts, temporary directory or None)."""
-        from ..io import InMemorySparseRowDataset, write_sparse_rows
-
-        if _is_row_dataset(X):
-            if X.n_samples < 1 or X.n_features < 1 or X.nnz < 1:
-                raise ValueError(f"corpus {getattr(X, 'path', '')!r} is empty "
-                                 f"(shape {X.shape}, {X.nnz} nonzeros)")
-            return X, None
-        X = check_counts(X)
-        if X.nnz == 0:
-            raise ValueError("X holds no tokens (every count is zero)")
-        check_documents(X.indptr, "X")
-        P = backend.n_partitions
-        if X.shape[0] < P:
-            raise ValueError(f"{plural(X.shape[0], 'document')} cannot be split over {P} "
-                             f"workers")
-        y = np.zeros(X.shape[0])
-        # the checkpoint fingerprint: by content, not by the temporary store's path
-        digest = content_digest(X)
-        if backend.kind == "local":
-            return tag_content(InMemorySparseRowDataset(X, y, n_shards=P), digest), None
-        tmp = temporary_store_dir("lda")
-        try:
-            ds = write_sparse_rows(f"{tmp}/corpus.zarr", X, y, n_shards=P)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return tag_content(ds, digest), tmp
-
-    def _priors(self):
-        k = int(self.n_components)
-        a = 1.0 / k if self.doc_topic_prior is None else float(self.doc_topic_prior)
-        b = 1.0 / k if self.topic_word_prior is None else float(self.topic_word_prior)
-        return a, b
 
     # ------------------------------------------------------------------ fitting
     def fit(self, X, y=None):
@@ -236,53 +214,63 @@ class LatentDirichletAllocation(SharedBackendMixin, ClassNamePrefixFeaturesOutMi
         -------
         self
         """
-        self._validate_params()
-        require_store_kind(X, self._store_kinds, type(self).__name__)
-        if self.checkpoint is None and self.resume:
-            raise ValueError("resume=True needs a checkpoint location")
-        backend = resolve_backend(self.backend, self.n_workers)
-        try:
-            ds, tmpdir = self._prepare_data(X, backend)
-        except BaseException:
-            backend.close()
-            raise
+        return self._fit(X)
+
+    _is_dataset = staticmethod(_is_row_dataset)
+
+    def _prepare_store(self, fit):
+        X = fit.X
+        if X.n_samples < 1 or X.n_features < 1 or X.nnz < 1:
+            raise ValueError(f"corpus {getattr(X, 'path', '')!r} is empty "
+                             f"(shape {X.shape}, {X.nnz} nonzeros)")
+        self._check_shards(X, fit.n_partitions, "corpus")
+        return X
+
+    def _prepare_in_memory(self, fit):
+        X = check_counts(fit.X)
+        if X.nnz == 0:
+            raise ValueError("X holds no tokens (every count is zero)")
+        check_documents(X.indptr, "X")
+        P = fit.n_partitions
+        self._check_split(X.shape[0], "document", P)
+        y = np.zeros(X.shape[0])
+        return InMemoryData(
+            local=lambda: InMemorySparseRowDataset(X, y, n_shards=P),
+            write=lambda tmp: write_sparse_rows(f"{tmp}/corpus.zarr", X, y, n_shards=P),
+            content=(X,))
+
+    def _priors(self):
+        k = int(self.n_components)
+        a = 1.0 / k if self.doc_topic_prior is None else float(self.doc_topic_prior)
+        b = 1.0 / k if self.topic_word_prior is None else float(self.topic_word_prior)
+        return a, b
+
+    def _make_program(self, fit):
         alpha, beta = self._priors()
-        try:
-            P = backend.n_partitions
-            if P > ds.n_shards:
-                raise ValueError(f"the corpus has {ds.n_shards} shard(s) but {P} workers "
-                                 f"were requested; rewrite it with n_shards >= {P}")
-            program = LDAProgram(ds, n_topics=self.n_components, alpha=alpha, beta=beta,
-                                 n_sweeps=self.max_iter, sampler=self.sampler,
-                                 seed=seed_from(self.random_state))
-            fingerprint = {"estimator": type(self).__name__, "n_components": self.n_components,
-                           "alpha": alpha, "beta": beta, "sampler": self.sampler,
-                           "shape": [int(s) for s in ds.shape], "n_partitions": P,
-                           "dataset": dataset_fingerprint(ds)}
-            result = run(program, backend, max_iter=P * (self.max_iter + 1),
-                         # the next batch of sub-rounds in flight while the driver scores
-                         # the last (the chain does not depend on it)
-                         staleness=1,
-                         checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every * P,
-                         resume=self.resume, fingerprint=fingerprint, callback=self.callback,
-                         show_progress=self.show_progress, desc=type(self).__name__,
-                         params=self.get_params(deep=False))
-        finally:
-            backend.close()
-            if tmpdir is not None:
-                shutil.rmtree(tmpdir, ignore_errors=True)
-        dr = program.driver
+        return LDAProgram(fit.dataset, n_topics=self.n_components, alpha=alpha, beta=beta,
+                          n_sweeps=self.max_iter, sampler=self.sampler,
+                          seed=seed_from(self.random_state))
+
+    def _fingerprint(self, fit):
+        return {"n_components": self.n_components, "alpha": fit.program.alpha,
+                "beta": fit.program.beta, "sampler": self.sampler}
+
+    def _run_options(self, fit):
+        P = fit.n_partitions
+        # staleness: the next batch of sub-rounds in flight while the driver scores the
+        # last (the chain does not depend on it)
+        return {"max_iter": P * (self.max_iter + 1), "staleness": 1,
+                "checkpoint_every": self.checkpoint_every * P}
+
+    def _set_fitted(self, fit, result):
+        dr, beta = fit.program.driver, fit.program.beta
         self.topic_word_counts_ = dr["n_kw"]
         self.components_ = self.topic_word_counts_ + beta
-        self.doc_topic_prior_, self.topic_word_prior_ = alpha, beta
+        self.doc_topic_prior_, self.topic_word_prior_ = fit.program.alpha, beta
         self.log_likelihood_ = float(dr["ll"])
         self.n_iter_ = int(dr["sweep"])
-        self.n_features_in_ = int(ds.shape[1])
+        self.n_features_in_ = int(fit.dataset.shape[1])
         self.n_tokens_ = int(dr["n_tokens"])
-        self.history_ = history_arrays(result.history)
-        self.recoveries_ = result.recoveries
-        self.wall_time_ = result.wall_s
-        return self
 
     # ------------------------------------------------------------------ inference
     def _topic_word(self) -> np.ndarray:

@@ -84,7 +84,8 @@ def check_count_values(data, what: str) -> None:
     if not np.all(np.isfinite(d)):
         raise ValueError(f"{what} contains NaN or infinite counts")
     if np.any(d < 0):
-        raise ValueError(f"{what} contains negative counts (min {d.min():g})")
+        raise ValueError(f"{what} contains negative counts (min {d.min():g}). Negative "
+                         f"values in data are not token counts")
     frac = d != np.round(d)
     if np.any(frac):
         raise ValueError(f"{what} contains non-integer counts (e.g. {d[frac][0]:g}); LDA "

@@ -4,25 +4,20 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 import shutil
-import warnings
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.base import BaseEstimator
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from ..engine import resolve_backend, run
-from ..engine.checkpoint import content_digest, dataset_fingerprint, tag_content
-from ..engine.runner import history_arrays
-from ..io.sparse import _group_has_attrs, require_store_kind
+from ..base import DMPEstimator, InMemoryData
+from ..io import InMemoryRatingsDataset, write_ratings
+from ..io.sparse import _group_has_attrs
 from ..kernels import mf as K
-from ..linear_model._lasso import seed_from
-from ..utils.estimator import SharedBackendMixin
-from ..utils.scratch import (clean_stale_partials, mark_partial, temporary_store_dir,
-                             unmark_partial)
+from ..utils.estimator import seed_from
+from ..utils.scratch import clean_stale_partials, mark_partial, unmark_partial
 from ._mf_program import MFProgram, auto_block_size
 
 
@@ -51,8 +46,6 @@ def _check_validation(users, items, ratings, shape) -> None:
 def _check_factors_store(path) -> None:
     """``factors_store`` may be written: nothing is there, or the factors of an earlier fit
     (replaced) -- never a file or a folder of something else."""
-    import os
-
     path = os.path.abspath(os.fspath(path))
     if not os.path.lexists(path) or (os.path.isdir(path) and not os.listdir(path)):
         return
@@ -77,7 +70,7 @@ def _as_triplets(R, what: str):
                     f"or a dmp ratings store, got {type(R).__name__}")
 
 
-class MatrixFactorization(SharedBackendMixin, BaseEstimator):
+class MatrixFactorization(DMPEstimator):
     """Explicit-feedback matrix factorisation by STRADS model-parallel coordinate descent.
 
     Minimises ``sum_(i,j) observed (r_ij - mu - w_i . h_j)^2 + alpha (sum_i c_i |w_i|^2 +
@@ -162,8 +155,11 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
 
     #: the kinds of dmp store it fits (`dmp.io.sparse.STORE_KINDS`)
     _store_kinds = ("ratings",)
+    _scratch_kind = "mf"
 
     _parameter_constraints: dict = {
+        **DMPEstimator._parameter_constraints,
+        **DMPEstimator._checkpoint_constraints,
         "n_components": [Interval(numbers.Integral, 1, None, closed="left")],
         "alpha": [Interval(numbers.Real, 0, None, closed="left")],
         "method": [StrOptions({"ccd++", "ccd"})],
@@ -173,15 +169,7 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
         "center": ["boolean"],
         "reg_scaling": [StrOptions({"none", "count"})],
         "tol": [Interval(numbers.Real, 0, None, closed="left"), None],
-        "backend": [StrOptions({"auto", "local", "dask"}), object],
-        "n_workers": [Interval(numbers.Integral, 1, None, closed="left"), None],
-        "random_state": ["random_state"],
-        "checkpoint": [str, object, None],
-        "checkpoint_every": [Interval(numbers.Integral, 1, None, closed="left")],
-        "resume": ["boolean"],
-        "show_progress": ["boolean"],
-        "callback": [callable, None],
-        "factors_store": [str, object, None],
+        "factors_store": [str, os.PathLike, None],
     }
 
     def __init__(self, n_components=10, *, alpha=0.05, method="ccd++", max_iter=20, n_inner=1,
@@ -207,50 +195,6 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
         self.callback = callback
         self.factors_store = factors_store
 
-    # ------------------------------------------------------------------ data
-    def _prepare_data(self, R, R_val, backend):
-        """Return (ratings dataset, temporary directory or None)."""
-        from ..io import InMemoryRatingsDataset, write_ratings
-
-        if _is_ratings_dataset(R):
-            if R_val is not None:
-                raise ValueError("X_val must be None when X is a dmp ratings store (its "
-                                 "'valid' split is used)")
-            return R, None
-        u, i, r, shape = _as_triplets(R, "X")
-        if R_val is not None:
-            vu, vi, vr, vshape = _as_triplets(R_val, "X_val")
-            if shape is None and vshape is None:
-                shape = (int(max(u.max(initial=-1), vu.max(initial=-1))) + 1,
-                         int(max(i.max(initial=-1), vi.max(initial=-1))) + 1)
-            shape = shape or vshape
-            if vshape is not None and tuple(vshape) != tuple(shape):
-                raise ValueError(f"X_val has shape {vshape}, X has shape {shape}")
-            _check_validation(vu, vi, vr, shape)
-            valid = (vu, vi, vr)
-        else:
-            valid = None
-        # the checkpoint fingerprint: by content, not by the temporary store's path
-        digest = content_digest((u, i, r), valid, None if shape is None else tuple(shape))
-        if backend.kind == "local":
-            return tag_content(InMemoryRatingsDataset((u, i, r), valid=valid, shape=shape),
-                               digest), None
-        tmp = temporary_store_dir("mf")
-        try:
-            n = len(r)
-            uu, ii, rr = u, i, r
-            codes = np.zeros(n, np.int8)
-            if valid is not None:
-                uu = np.concatenate([u, valid[0]])
-                ii = np.concatenate([i, valid[1]])
-                rr = np.concatenate([r, valid[2]])
-                codes = np.concatenate([codes, np.ones(len(valid[2]), np.int8)])
-            ds = write_ratings(f"{tmp}/ratings.zarr", uu, ii, rr, shape=shape, split=codes)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return tag_content(ds, digest), tmp
-
     # ------------------------------------------------------------------ fitting
     def fit(self, X, y=None, *, X_val=None):
         """Factorise the observed ratings.
@@ -271,79 +215,98 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
         -------
         self
         """
-        self._validate_params()
-        require_store_kind(X, self._store_kinds, type(self).__name__)
+        return self._fit(X, X_val=X_val)
+
+    _is_dataset = staticmethod(_is_ratings_dataset)
+
+    def _check_fit(self, fit):
         if self.factors_store is not None:
             _check_factors_store(self.factors_store)   # before the work, not after
-        if self.checkpoint is None and self.resume:
-            raise ValueError("resume=True needs a checkpoint location")
-        backend = resolve_backend(self.backend, self.n_workers)
-        try:
-            ds, tmpdir = self._prepare_data(X, X_val, backend)
-        except BaseException:
-            backend.close()
-            raise
-        try:
-            n_users, n_items = ds.shape
-            if ds.nnz < 1:
-                raise ValueError("X holds no ratings")
-            k = int(self.n_components)
-            if self.method == "ccd":
-                bs = (auto_block_size(k, n_users, n_items) if self.block_size == "auto"
-                      else min(int(self.block_size), k))
-            else:
-                bs = 1
-            program = MFProgram(ds, n_components=k, alpha=self.alpha, method=self.method,
-                                n_inner=self.n_inner, block_size=bs, center=self.center,
-                                reg_scaling=self.reg_scaling, tol=self.tol,
-                                seed=seed_from(self.random_state))
-            fingerprint = {"estimator": type(self).__name__, "method": self.method,
-                           "n_components": k, "alpha": float(self.alpha),
-                           "shape": [int(n_users), int(n_items)],
-                           "n_partitions": backend.n_partitions, "block_size": bs,
-                           "dataset": dataset_fingerprint(ds)}
-            # CCD++'s partitions solve each item update themselves (the driver only keeps
-            # the score): on Dask a batch of rounds runs while the one before is scored, with
-            # the same factors
-            ahead = int(self.method == "ccd++" and backend.overlaps_rounds)
 
-            def collect(backend):
-                # part of the fit: a worker lost meanwhile is recovered like one lost in a
-                # round, and the factors come over in pieces (no copy of a whole block)
-                if self.factors_store is not None:
-                    return self._save_factors(backend, program)
-                return self._gather_factors(backend, program, n_users, n_items, k)
+    def _prepare_store(self, fit):
+        if fit.X_val is not None:
+            raise ValueError("X_val must be None when X is a dmp ratings store (its "
+                             "'valid' split is used)")
+        return fit.X
 
-            result = run(program, backend, max_iter=1 + self.max_iter * program.rounds_per_iter,
-                         staleness=ahead,
-                         checkpoint=self.checkpoint,
-                         checkpoint_every=self.checkpoint_every * program.rounds_per_iter,
-                         resume=self.resume, fingerprint=fingerprint, callback=self.callback,
-                         show_progress=self.show_progress, desc=type(self).__name__,
-                         params=self.get_params(deep=False), collect=collect)
-            W, H = result.collected
-        finally:
-            backend.close()
-            if tmpdir is not None:
-                shutil.rmtree(tmpdir, ignore_errors=True)
-        dr = program.driver
-        self.user_factors_ = W
-        self.item_factors_ = H
-        self.mean_ = float(dr["mean"])
-        self.n_users_, self.n_items_ = int(n_users), int(n_items)
-        self.n_iter_ = int(math.ceil(max(result.n_rounds - 1, 0) / program.rounds_per_iter))
-        self.objective_ = float(dr["objective"])
-        self.block_size_ = bs
-        self.history_ = history_arrays(result.history)
-        self.recoveries_ = result.recoveries
-        self.wall_time_ = result.wall_s
+    def _prepare_in_memory(self, fit):
+        u, i, r, shape = _as_triplets(fit.X, "X")
+        valid = None
+        if fit.X_val is not None:
+            vu, vi, vr, vshape = _as_triplets(fit.X_val, "X_val")
+            if shape is None and vshape is None:
+                shape = (int(max(u.max(initial=-1), vu.max(initial=-1))) + 1,
+                         int(max(i.max(initial=-1), vi.max(initial=-1))) + 1)
+            shape = shape or vshape
+            if vshape is not None and tuple(vshape) != tuple(shape):
+                raise ValueError(f"X_val has shape {vshape}, X has shape {shape}")
+            _check_validation(vu, vi, vr, shape)
+            valid = (vu, vi, vr)
+
+        def write(tmp):
+            uu, ii, rr, codes = u, i, r, np.zeros(len(r), np.int8)
+            if valid is not None:   # stored as the 'valid' split
+                uu, ii, rr = (np.concatenate([a, b]) for a, b in zip((u, i, r), valid))
+                codes = np.concatenate([codes, np.ones(len(valid[2]), np.int8)])
+            return write_ratings(f"{tmp}/ratings.zarr", uu, ii, rr, shape=shape, split=codes)
+
+        return InMemoryData(
+            local=lambda: InMemoryRatingsDataset((u, i, r), valid=valid, shape=shape),
+            write=write,
+            content=((u, i, r), valid, None if shape is None else tuple(shape)))
+
+    def _make_program(self, fit):
+        n_users, n_items = fit.dataset.shape
+        if fit.dataset.nnz < 1:
+            raise ValueError("X holds no ratings")
+        k = int(self.n_components)
+        if self.method == "ccd":
+            bs = (auto_block_size(k, n_users, n_items) if self.block_size == "auto"
+                  else min(int(self.block_size), k))
+        else:
+            bs = 1
+        return MFProgram(fit.dataset, n_components=k, alpha=self.alpha, method=self.method,
+                         n_inner=self.n_inner, block_size=bs, center=self.center,
+                         reg_scaling=self.reg_scaling, tol=self.tol,
+                         seed=seed_from(self.random_state))
+
+    def _fingerprint(self, fit):
+        return {"method": self.method, "n_components": int(self.n_components),
+                "alpha": float(self.alpha), "block_size": fit.program.block_size}
+
+    def _run_options(self, fit):
+        program, per_iter = fit.program, fit.program.rounds_per_iter
+
+        def collect(backend):
+            # part of the fit: a worker lost meanwhile is recovered like one lost in a
+            # round, and the factors come over in pieces (no copy of a whole block)
+            if self.factors_store is not None:
+                return self._save_factors(backend, program)
+            return self._gather_factors(backend, program, *fit.dataset.shape,
+                                        int(self.n_components))
+
+        # CCD++'s partitions solve each item update themselves (the driver only keeps the
+        # score): on Dask a batch of rounds runs while the one before is scored, with the
+        # same factors
+        ahead = int(self.method == "ccd++" and fit.backend.overlaps_rounds)
+        return {"max_iter": 1 + self.max_iter * per_iter, "staleness": ahead,
+                "checkpoint_every": self.checkpoint_every * per_iter, "collect": collect}
+
+    def _set_fitted(self, fit, result):
+        self.user_factors_, self.item_factors_ = result.collected
+        self.mean_ = float(fit.program.driver["mean"])
+        self.n_users_, self.n_items_ = (int(s) for s in fit.dataset.shape)
+        self.n_iter_ = int(math.ceil(max(result.n_rounds - 1, 0)
+                                     / fit.program.rounds_per_iter))
+        self.objective_ = float(fit.program.driver["objective"])
+        self.block_size_ = fit.program.block_size
         if not np.isfinite(self.objective_):
             raise FloatingPointError("MatrixFactorization diverged (non-finite objective)")
+
+    def _convergence_warning(self, fit, result):
         if not result.converged and self.tol is not None and self.n_iter_ >= self.max_iter:
-            warnings.warn(f"MatrixFactorization stopped after max_iter={self.max_iter} "
-                          f"iterations before the objective stopped improving by tol; "
-                          f"increase max_iter", ConvergenceWarning, stacklevel=2)
-        return self
+            return (f"MatrixFactorization stopped after max_iter={self.max_iter} iterations "
+                    f"before the objective stopped improving by tol; increase max_iter")
 
     @staticmethod
     def _gather_factors(backend, program, n_users, n_items, k):
@@ -365,7 +328,6 @@ class MatrixFactorization(SharedBackendMixin, BaseEstimator):
     def _save_factors(self, backend, program):
         """Workers write their factor rows into a temporary store, renamed when complete;
         return the factors as dask arrays over it."""
-        import os
         import uuid
 
         import dask.array as da

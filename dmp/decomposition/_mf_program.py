@@ -15,7 +15,7 @@ one factor column (CCD++).  Every round's objective
   driver only sums the losses); ``apply`` joins the parts and brings the column copy's
   residuals up to date.  H rounds are symmetric.  Rows of W are independent given H, so this
   is exactly serial CCD in the same order.
-* **CCD++** (`CCDPPProgram`, the paper-level push/pull of ALGORITHMS.md 1.5): only the row
+* **CCD++** (`CCDPPProgram`, the paper-level push/pull; docs/algorithms.md, "CCD++"): only the row
   copy is kept.  One round per feature t (and inner pass): every worker updates ``w_t`` of its
   users against ``h_t`` and computes the items' partial sums ``(sum_i e^_ij w_i, sum_i w_i^2)``
   and ``sum e^^2``.  It sends the partial sums to every other worker (`Sends`, all to all),

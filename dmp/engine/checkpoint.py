@@ -56,6 +56,8 @@ import numpy as np
 import zarr
 
 from ..exceptions import CheckpointError, CheckpointLockedError, CheckpointWarning
+from ..utils.paths import is_remote
+from ..utils.scratch import pid_alive
 
 logger = logging.getLogger("dmp")
 
@@ -78,12 +80,6 @@ def _round_name(round: int) -> str:
 
 def _history_name(round: int) -> str:
     return f"h{round:08d}"
-
-
-def is_remote(path) -> bool:
-    """True for fsspec URLs other than local files (``s3://``, ``gs://``, ``memory://``...)."""
-    text = os.fspath(path) if not isinstance(path, str) else path
-    return "://" in text and not text.startswith("file://")
 
 
 def _open(path, mode, storage_options=None):
@@ -241,20 +237,6 @@ def read_arrays(path, storage_options=None, *, manifest: dict | None = None,
     return out
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    try:  # a killed child not yet reaped by its parent still answers the signal
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
-    except OSError:
-        return True
-
-
 def _lock_stale_s() -> float:
     try:
         return float(os.environ.get("DMP_CHECKPOINT_LOCK_STALE_S", LOCK_STALE_S))
@@ -343,7 +325,7 @@ class CheckpointLock:
             return "the lock file is unreadable (its writer was killed while writing it)"
         age = time.time() - float(owner.get("heartbeat", 0) or 0)
         if owner.get("host") == socket.gethostname() and isinstance(owner.get("pid"), int) \
-                and owner["pid"] != os.getpid() and not _pid_alive(owner["pid"]):
+                and owner["pid"] != os.getpid() and not pid_alive(owner["pid"]):
             return f"its process {owner['pid']} on this host is gone"
         if age > _lock_stale_s():
             return f"its last heartbeat is {age:.0f} s old"

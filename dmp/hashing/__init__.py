@@ -1,6 +1,6 @@
 """Binary hashing for fast retrieval: the binary autoencoder trained by ParMAC, codes and
 Hamming search, linear baselines (PCA hashing, ITQ) and the ParMAC speed-up model
-(ALGORITHMS.md part 2)."""
+(docs/algorithms.md, "ParMAC binary autoencoders")."""
 
 from ._ba import BinaryAutoencoder
 from ._itq import LinearHash, itq, pca_hash, quantization_loss

@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import math
 import numbers
-import shutil
 
 import numpy as np
-from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.base import TransformerMixin
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import check_array, check_is_fitted
 
-from ..engine import resolve_backend, run
+from ..base import DMPEstimator, InMemoryData, computed
 from ..engine.runner import history_arrays
 from ..io.dense import (DenseDataset, InMemoryDenseDataset, _check_dense, append_dense_shard,
                         write_dense)
-from ..io.sparse import _is_dask, check_allocation, require_store_kind
-from ..linear_model._lasso import seed_from
-from ..utils.estimator import SharedBackendMixin
-from ..utils.scratch import temporary_store_dir
+from ..io.sparse import _is_dask, check_allocation
+from ..utils.estimator import seed_from
 from ..utils.text import plural, shown
 from ._parmac import ParMACProgram
 from ._retrieval import euclidean_neighbors, pack_codes
@@ -27,21 +24,39 @@ from ._retrieval import euclidean_neighbors, pack_codes
 VALIDATION_DB_MAX = 20000
 
 
-def _temporary_store(X, extra, n_shards):
+def _write_points(folder, X, extra, n_shards):
     """Write the points ``X`` (``n_shards`` shards) and each array of ``extra`` (one shard
-    each) to a new temporary directory the workers read; return ``(dataset, directory)``."""
-    tmp = temporary_store_dir("ba")
-    try:
-        ds = write_dense(f"{tmp}/points.zarr", X, n_shards=n_shards)
-        for Xa in extra:
-            ds = append_dense_shard(ds, Xa)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return ds, tmp
+    each) to a store in ``folder`` the workers read; return it."""
+    ds = write_dense(f"{folder}/points.zarr", X, n_shards=n_shards)
+    for Xa in extra:
+        ds = append_dense_shard(ds, Xa)
+    return ds
 
 
-class BinaryAutoencoder(SharedBackendMixin, TransformerMixin, BaseEstimator):
+def _check_points(X, estimator: str, n_features: int | None = None,
+                  min_samples: int = 0) -> np.ndarray:
+    """In-memory points as float32, refused with scikit-learn's words where it has them
+    (sparse or complex data, fewer than ``min_samples``, a 1-D array, no samples or
+    features, a width other than the fitted one) and `dmp.io.dense`'s otherwise
+    (non-finite values, also in float32)."""
+    X = check_array(computed(X), accept_sparse=False, dtype="numeric",
+                    ensure_all_finite=False, ensure_2d=False, allow_nd=True,
+                    ensure_min_samples=min_samples, ensure_min_features=0,
+                    estimator=estimator)
+    if X.ndim != 2:
+        raise ValueError(f"X must be 2-D (points x features), got shape {X.shape}. Reshape "
+                         f"your data with X.reshape(1, -1) if it holds one point")
+    if 0 in X.shape:
+        what = "feature" if X.shape[1] == 0 else "sample"
+        raise ValueError(f"X is empty: found 0 {what}(s) (shape={X.shape}) while a minimum of 1 "
+                         f"is required.")
+    if n_features is not None and X.shape[1] != n_features:
+        raise ValueError(f"X has {X.shape[1]} features, but {estimator} is expecting "
+                         f"{n_features} features as input")
+    return _check_dense(X)
+
+
+class BinaryAutoencoder(TransformerMixin, DMPEstimator):
     """Binary autoencoder hashing trained by ParMAC (model parallelism on a ring).
 
     The hash function ``h(x) = step(A x + a)`` maps points to ``n_bits``-bit codes; a linear
@@ -118,8 +133,10 @@ class BinaryAutoencoder(SharedBackendMixin, TransformerMixin, BaseEstimator):
 
     #: the kinds of dmp store it fits (`dmp.io.sparse.STORE_KINDS`)
     _store_kinds = ("dense-rows",)
+    _scratch_kind = "ba"
 
     _parameter_constraints: dict = {
+        **DMPEstimator._parameter_constraints,
         "n_bits": [Interval(numbers.Integral, 1, None, closed="left")],
         "n_epochs": [Interval(numbers.Integral, 1, None, closed="left")],
         "mu0": [Interval(numbers.Real, 0, None, closed="neither")],
@@ -133,11 +150,6 @@ class BinaryAutoencoder(SharedBackendMixin, TransformerMixin, BaseEstimator):
         "init_margin": [Interval(numbers.Real, 0, None, closed="neither"), None],
         "validation_size": [Interval(numbers.Integral, 0, None, closed="left")],
         "code_format": [StrOptions({"packed", "bool"})],
-        "backend": [StrOptions({"auto", "local", "dask"}), object],
-        "n_workers": [Interval(numbers.Integral, 1, None, closed="left"), None],
-        "random_state": ["random_state"],
-        "show_progress": ["boolean"],
-        "callback": [callable, None],
     }
 
     def __init__(self, n_bits=16, *, n_epochs=2, mu0=1e-3, mu_factor=1.5, max_iter=30,
@@ -164,49 +176,89 @@ class BinaryAutoencoder(SharedBackendMixin, TransformerMixin, BaseEstimator):
         self.show_progress = show_progress
         self.callback = callback
 
-    # ------------------------------------------------------------------ data
-    def _prepare_data(self, X, arrivals, backend):
-        """``(dataset, {iteration: [shard]}, temporary directory or None)``."""
-        P = backend.n_partitions
-        if isinstance(X, DenseDataset):
-            held = {int(i): [int(k) for k in ks] for i, ks in (arrivals or {}).items()}
-            for ks in held.values():
-                for k in ks:
-                    if not 0 <= k < X.n_shards:
-                        raise ValueError(f"arrival shard {k} out of range: the dataset has "
-                                         f"{plural(X.n_shards, 'shard')}")
-            return X, held, None
-        if not (_is_dask(X) or isinstance(X, np.ndarray)):
-            X = np.asarray(X)
-        if _is_dask(X) and backend.kind != "local" and not arrivals:
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.transformer_tags.preserves_dtype = []   # transform gives codes (uint8 or bool)
+        return tags
+
+    # ------------------------------------------------------------------ fitting
+    def fit(self, X, y=None, *, arrivals=None):
+        """Train the hash function on the points X.
+
+        Parameters
+        ----------
+        X : ndarray or dask array (points x features), or a `dmp.io.DenseDataset`
+            Finite values.  Stored datasets are read by the workers, shard by shard.
+        y : None
+            Ignored.
+        arrivals : dict, optional
+            Streaming: ``{iteration: points}`` (arrays; for a stored dataset ``{iteration:
+            [shard, ...]}``, shards held back until then), data that joins the ring at the
+            start of that MAC iteration.
+
+        Returns
+        -------
+        self
+        """
+        return self._fit(X, arrivals=arrivals or {})
+
+    def _is_dataset(self, X):
+        return isinstance(X, DenseDataset)
+
+    def _check_bits(self, n_features: int) -> None:
+        if n_features < self.n_bits:
+            raise ValueError(f"n_bits={self.n_bits} exceeds the {plural(n_features, 'feature')} "
+                             f"(n_features={n_features}): the decoder and the ITQ "
+                             f"initialisation need n_bits <= n_features")
+
+    def _check_fit(self, fit):
+        late = sorted(i for i in fit.arrivals if isinstance(i, numbers.Integral)
+                      and not isinstance(i, bool) and i >= self.max_iter)
+        if late:
+            raise ValueError(f"arrivals at MAC iterations {late} would never join: the fit "
+                             f"runs iterations 0 to {self.max_iter - 1} (max_iter="
+                             f"{self.max_iter})")
+        # before reading a store or a dask array (in-memory points: once they are valid)
+        if ((self._is_dataset(fit.X) or _is_dask(fit.X)) and len(fit.X.shape) == 2
+                and fit.X.shape[1] >= 1):
+            self._check_bits(int(fit.X.shape[1]))
+        if self.z_method == "enumerate" and self.n_bits > 16:
+            raise ValueError(f"z_method='enumerate' searches 2^n_bits codes per point; use "
+                             f"'alternate' for n_bits={self.n_bits} (> 16)")
+
+    def _prepare_store(self, fit):
+        fit.held = {int(i): [int(k) for k in ks] for i, ks in fit.arrivals.items()}
+        for ks in fit.held.values():
+            for k in ks:
+                if not 0 <= k < fit.X.n_shards:
+                    raise ValueError(f"arrival shard {k} out of range: the dataset has "
+                                     f"{plural(fit.X.n_shards, 'shard')}")
+        return fit.X
+
+    def _prepare_in_memory(self, fit):
+        X, P, fit.held = fit.X, fit.n_partitions, {}
+        if _is_dask(X) and fit.backend.needs_store and not fit.arrivals:
             # the workers read a store written block by block: X never lands whole here
             if len(X.shape) != 2 or X.shape[0] < P:
                 raise ValueError(f"X must be 2-D with at least {P} points (one per worker), "
                                  f"got shape {X.shape}")
-            ds, tmp = _temporary_store(X, [], P)
-            return ds, {}, tmp
-        if _is_dask(X):
-            X = X.compute()
-        X = _check_dense(X)
+            return InMemoryData(local=None, write=lambda tmp: _write_points(tmp, X, [], P))
+        X = _check_points(X, type(self).__name__, min_samples=2)   # a hash needs variation
+        self._check_bits(X.shape[1])
         parts = [X]
-        held = {}
-        for i, Xa in sorted((arrivals or {}).items()):
+        for i, Xa in sorted(fit.arrivals.items()):
             if isinstance(i, bool) or not isinstance(i, numbers.Integral) or i < 1:
                 raise ValueError(f"arrivals keys are MAC iterations >= 1, got {shown(i)}")
-            Xa = _check_dense(Xa.compute() if _is_dask(Xa) else Xa, f"arrivals[{i}]",
-                              X.shape[1])
-            held[int(i)] = [P + len(parts) - 1]
-            parts.append(Xa)
-        if X.shape[0] < P:
-            raise ValueError(f"{plural(X.shape[0], 'point')} cannot be split over {P} workers")
+            fit.held[int(i)] = [P + len(parts) - 1]
+            parts.append(_check_dense(computed(Xa), f"arrivals[{i}]", X.shape[1]))
+        self._check_split(X.shape[0], "point", P)
         bounds = list(np.linspace(0, X.shape[0], P + 1).round().astype(np.int64))
         for Xa in parts[1:]:
             bounds.append(bounds[-1] + Xa.shape[0])
-        Xall = np.concatenate(parts) if len(parts) > 1 else X
-        if backend.kind == "local":
-            return InMemoryDenseDataset(Xall, row_bounds=bounds), held, None
-        ds, tmp = _temporary_store(X, parts[1:], P)
-        return ds, held, tmp
+        return InMemoryData(
+            local=lambda: InMemoryDenseDataset(np.concatenate(parts) if len(parts) > 1 else X,
+                                               row_bounds=bounds),
+            write=lambda tmp: _write_points(tmp, X, parts[1:], P))
 
     def _validation_set(self, ds, held, seed):
         """Validation queries, database and true neighbours, read on the driver from the
@@ -229,63 +281,21 @@ class BinaryAutoencoder(SharedBackendMixin, TransformerMixin, BaseEstimator):
         k = min(len(Db), max(10, int(0.002 * len(Db))))
         return Q, Db, euclidean_neighbors(Q, Db, k)
 
-    # ------------------------------------------------------------------ fitting
-    def fit(self, X, y=None, *, arrivals=None):
-        """Train the hash function on the points X.
+    def _make_program(self, fit):
+        ds = fit.dataset
+        seed = seed_from(self.random_state)
+        return ParMACProgram(
+            ds, n_bits=self.n_bits, n_epochs=self.n_epochs, mu0=self.mu0,
+            mu_factor=self.mu_factor, max_mac_iter=self.max_iter, batch_size=self.batch_size,
+            alpha=self.alpha, decoder=self.decoder, z_method=self.z_method,
+            itq_iter=self.itq_iter, init_margin=self.init_margin,
+            validation=self._validation_set(ds, fit.held, seed), arrivals=fit.held, seed=seed)
 
-        Parameters
-        ----------
-        X : ndarray or dask array (points x features), or a `dmp.io.DenseDataset`
-            Finite values.  Stored datasets are read by the workers, shard by shard.
-        y : None
-            Ignored.
-        arrivals : dict, optional
-            Streaming: ``{iteration: points}`` (arrays; for a stored dataset ``{iteration:
-            [shard, ...]}``, shards held back until then), data that joins the ring at the
-            start of that MAC iteration.
+    def _run_options(self, fit):
+        return {"max_iter": fit.program.max_rounds(fit.n_partitions)}
 
-        Returns
-        -------
-        self
-        """
-        self._validate_params()
-        require_store_kind(X, self._store_kinds, type(self).__name__)
-        late = sorted(i for i in (arrivals or {}) if isinstance(i, numbers.Integral)
-                      and not isinstance(i, bool) and i >= self.max_iter)
-        if late:
-            raise ValueError(f"arrivals at MAC iterations {late} would never join: the fit "
-                             f"runs iterations 0 to {self.max_iter - 1} (max_iter="
-                             f"{self.max_iter})")
-        D = int(X.shape[1]) if len(getattr(X, "shape", ())) == 2 else None
-        if D is not None and 1 <= D < self.n_bits:
-            raise ValueError(f"n_bits={self.n_bits} exceeds the {D} features: the decoder "
-                             f"and the ITQ initialisation need n_bits <= n_features")
-        if self.z_method == "enumerate" and self.n_bits > 16:
-            raise ValueError(f"z_method='enumerate' searches 2^n_bits codes per point; use "
-                             f"'alternate' for n_bits={self.n_bits} (> 16)")
-        backend = resolve_backend(self.backend, self.n_workers)
-        tmpdir = None
-        try:
-            ds, held, tmpdir = self._prepare_data(X, arrivals, backend)
-            if self.n_bits > ds.n_features:
-                raise ValueError(f"n_bits={self.n_bits} exceeds the {ds.n_features} features")
-            seed = seed_from(self.random_state)
-            P = backend.n_partitions
-            program = ParMACProgram(
-                ds, n_bits=self.n_bits, n_epochs=self.n_epochs, mu0=self.mu0,
-                mu_factor=self.mu_factor, max_mac_iter=self.max_iter,
-                batch_size=self.batch_size, alpha=self.alpha, decoder=self.decoder,
-                z_method=self.z_method, itq_iter=self.itq_iter,
-                init_margin=self.init_margin,
-                validation=self._validation_set(ds, held, seed), arrivals=held, seed=seed)
-            result = run(program, backend, max_iter=program.max_rounds(P),
-                         callback=self.callback, show_progress=self.show_progress,
-                         desc=type(self).__name__, params=self.get_params(deep=False))
-        finally:
-            backend.close()
-            if tmpdir is not None:
-                shutil.rmtree(tmpdir, ignore_errors=True)
-        dr = program.driver
+    def _set_fitted(self, fit, result):
+        dr = fit.program.driver
         model = dr["best"] if dr.get("best") is not None else dr["model"]
         lo, scale = dr["lo"], dr["scale"]
         # fold the [0, 1] scaling into the raw-input hash function and decoder
@@ -293,18 +303,16 @@ class BinaryAutoencoder(SharedBackendMixin, TransformerMixin, BaseEstimator):
         self.intercept_ = model["a"] - self.coef_ @ lo
         self.decoder_coef_ = model["B"] * scale
         self.decoder_intercept_ = model["b"] * scale + lo
-        self.n_features_in_ = int(ds.n_features)
+        self.n_features_in_ = int(fit.dataset.n_features)
         self.n_iter_ = int(dr["iteration"])
         self.stop_reason_ = dr["stop_reason"]
         self.best_iteration_ = int(dr.get("best_iteration", dr["iteration"] - 1))
         self.validation_precision_ = float(dr.get("best_prec", math.nan))
-        self.round_history_ = history_arrays(result.history)
+        # per engine round as the base set it; history_ is per MAC iteration
+        self.round_history_ = self.history_
         self.history_ = self._iteration_history(dr["records"], result.history)
-        self.recoveries_ = result.recoveries
-        self.wall_time_ = result.wall_s
-        self.n_workers_ = P
+        self.n_workers_ = fit.n_partitions
         self.n_samples_fit_ = int(dr["n"])
-        return self
 
     @staticmethod
     def _iteration_history(records, rounds) -> dict:
@@ -327,9 +335,7 @@ class BinaryAutoencoder(SharedBackendMixin, TransformerMixin, BaseEstimator):
     # ------------------------------------------------------------------ codes
     def _bits(self, X) -> np.ndarray:
         check_is_fitted(self, "coef_")
-        if _is_dask(X):
-            X = X.compute()
-        X = _check_dense(X, "X", self.n_features_in_).astype(np.float64)
+        X = _check_points(X, type(self).__name__, self.n_features_in_).astype(np.float64)
         return (X @ self.coef_.T + self.intercept_) > 0
 
     def transform(self, X):

@@ -1,4 +1,4 @@
-"""ParMAC for the binary autoencoder, as a `dmp.engine.Program` (ALGORITHMS.md part 2).
+"""ParMAC for the binary autoencoder, as a `dmp.engine.Program` (docs/algorithms.md, "The ring").
 
 Points are sharded over the P partitions (the ring); a partition's points ``X_p`` and their
 codes ``Z_p`` never leave it.  Only the submodels move:

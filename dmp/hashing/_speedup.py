@@ -1,5 +1,5 @@
-"""The ParMAC runtime and speed-up model (ALGORITHMS.md 2.4), and its inputs measured from a
-fit.
+"""The ParMAC runtime and speed-up model (docs/algorithms.md, "Speed-up model"), and its
+inputs measured from a fit.
 
 With N points on P workers, M travelling submodels, e epochs per W step, ``t_w`` seconds to
 update one submodel on one point, ``t_z`` seconds for one point's Z step and ``t_c``

@@ -25,7 +25,7 @@ import scipy.sparse as sp
 
 from ..utils.text import shown
 from .rows import SparseRowDataset, write_sparse_rows
-from .sparse import DatasetError, check_allocation
+from ._store import DatasetError, check_allocation
 
 __all__ = ["read_uci_bow", "read_text_corpus", "convert_corpus"]
 

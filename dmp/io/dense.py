@@ -25,9 +25,10 @@ from typing import Any
 import numpy as np
 
 from ..utils.text import plural, shown
-from .sparse import (FORMAT_VERSION, DatasetError, _atomic_write, _check_dest, _is_dask,
-                     _normalize_path, _open_group, attr_int, attr_ints, check_read,
-                     partition_shards)
+from ._input import _is_dask
+from ._store import (FORMAT_VERSION, DatasetError, _atomic_write, _check_dest, _normalize_path,
+                     _open_group, attr_int, attr_ints, check_read, open_dataset,
+                     partition_shards, store_kind)
 
 __all__ = ["DenseDataset", "InMemoryDenseDataset", "write_dense", "append_dense_shard",
            "read_vecs", "read_features", "convert_features", "split_queries"]
@@ -210,6 +211,7 @@ class _DenseBase:
         return out
 
 
+@store_kind("a dense store (`dmp data convert features`, `dmp.io.write_dense`)")
 class DenseDataset(_DenseBase):
     """Handle on a stored dense dataset (metadata only; picklable; workers open it by path).
 
@@ -252,8 +254,6 @@ class DenseDataset(_DenseBase):
 
     @classmethod
     def open(cls, path, *, storage_options=None) -> "DenseDataset":
-        from .sparse import open_dataset
-
         ds = open_dataset(path, storage_options=storage_options)
         if not isinstance(ds, cls):
             raise DatasetError(f"{path!r} is a {type(ds).__name__}, not a dense dataset")

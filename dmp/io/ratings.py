@@ -40,9 +40,9 @@ import scipy.sparse as sp
 from zarr.codecs import BloscCodec, ZstdCodec
 
 from ..utils.text import plural, shown
-from .sparse import (FORMAT_VERSION, DatasetError, _atomic_write, _balanced_bounds,
+from ._store import (FORMAT_VERSION, DatasetError, _atomic_write, _balanced_bounds,
                      _check_dest, _normalize_path, _StoredDataset, attr_int, attr_ints,
-                     check_compressed, check_read)
+                     check_compressed, check_read, open_dataset, store_kind)
 
 __all__ = ["RatingsDataset", "InMemoryRatingsDataset", "write_ratings", "read_ratings_file",
            "convert_ratings"]
@@ -333,8 +333,6 @@ def _write_store(path, storage_options, overwrite, arrays, shape, rating_range, 
         g.attrs.update({"complete": True})  # last
 
     _atomic_write(path, storage_options, overwrite, fill)
-    from .sparse import open_dataset
-
     return open_dataset(path, storage_options=storage_options)
 
 
@@ -574,6 +572,7 @@ class _RatingsBase:
         return self
 
 
+@store_kind("a ratings store (`dmp data convert ratings`, `dmp.io.write_ratings`)")
 class RatingsDataset(_RatingsBase):
     """Handle on a stored ratings dataset (metadata only; picklable).
 

@@ -58,10 +58,13 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from ..utils.schema import (Key, MissingKey, NotAChoice, UnknownKeys, WrongKind, apply_defaults,
+                            problems)
 from . import corpus, dense, ratings, svmlight, synthetic
 from .rows import write_sparse_rows
-from .sparse import (DatasetError, _exists, _is_dmp_dataset, _normalize_path, _open_group,
-                     open_dataset, write_sparse)
+from ._store import (DatasetError, _exists, _is_dmp_dataset, _normalize_path, _open_group,
+                     open_dataset)
+from .sparse import write_sparse
 
 __all__ = ["default_cache_dir", "load_recipe", "build_dataset", "fetch_pypi_member",
            "GENERATORS", "CONVERTERS"]
@@ -74,12 +77,51 @@ _DENSE_GENERATORS = ("make_hashing_mixture",)
 _RECIPE_ONLY_PARAMS = {"make_ratings": {"valid_frac"}, "make_hashing_mixture": {"n_queries"}}
 _NOT_PARAMS = {"path", "source", "dest", "overwrite", "storage_options"}
 _PYPI_RE = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)$")
-_KEYS = {"name", "generator", "convert", "source", "params", "n_shards", "description",
-         "layout"}
 _LAYOUTS = ("columns", "rows", "dense")
 _FLOAT_RE = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
 # package data (pyproject.toml), so that an installed dmp has its recipes too
 _RECIPES_DIR = Path(__file__).resolve().parents[1] / "datasets"
+
+
+def _check_name(name):
+    if not isinstance(name, str) or not name or "/" in name or os.sep in name:
+        return f"'name' must be a non-empty string without '/', got {name!r}"
+    return None
+
+
+#: the keys of a recipe (`dmp.utils.schema`): what `load_recipe` checks first
+RECIPE = {
+    "name": Key("any", "The dataset's name (its cache entry is named after it).",
+                required=True, check=_check_name),
+    "params": Key("mapping", "The generator's or converter's parameters.", default={}),
+    "n_shards": Key("positive_integer", "Shards to write (not for ratings).", nullable=True),
+    "layout": Key("any", "Row or column shards, or dense rows (not for ratings).",
+                  choices=_LAYOUTS, nullable=True),
+    "generator": Key("any", "A synthetic generator of `dmp.io.synthetic`.",
+                     choices=GENERATORS, noun="generator"),
+    "convert": Key("any", "A converter of a source file.", choices=CONVERTERS,
+                   noun="converter"),
+    "source": Key("any", "The converted file, or a {pypi, member} mapping."),
+    "description": Key("any", "Free text, for the reader."),
+}
+
+
+def _recipe_wording(p) -> str:
+    """How a recipe's error says what `dmp.utils.schema.problems` found."""
+    match p:
+        case UnknownKeys(keys=keys, allowed=allowed):
+            return (f"unknown key(s) {', '.join(map(repr, sorted(keys)))} "
+                    f"(allowed: {', '.join(allowed)})")
+        case MissingKey(key="name"):
+            return _check_name(None)
+        case WrongKind(key="params", value=value):
+            return f"'params' must be a mapping, got {type(value).__name__}"
+        case NotAChoice(noun=None, key=key, value=value, choices=choices):
+            return f"{key!r} must be one of {', '.join(choices)}, got {value!r}"
+        case NotAChoice(noun=noun, value=value, choices=choices):
+            return f"unknown {noun} {value!r} (known: {', '.join(choices)})"
+        case _:
+            return p.message()
 
 
 def default_cache_dir() -> Path:
@@ -149,30 +191,15 @@ def load_recipe(path_or_dict) -> dict:
             raise ValueError(f"{where} must contain a YAML mapping, got "
                              f"{type(recipe).__name__}")
 
-    unknown = sorted(set(recipe) - _KEYS)
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))} "
-                         f"(allowed: {', '.join(sorted(_KEYS))})")
-    name = recipe.get("name")
-    if not isinstance(name, str) or not name or "/" in name or os.sep in name:
-        raise ValueError(f"{where}: 'name' must be a non-empty string without '/', "
-                         f"got {name!r}")
-    params = recipe.setdefault("params", {})
-    if params is None:
-        params = recipe["params"] = {}
-    if not isinstance(params, dict):
-        raise ValueError(f"{where}: 'params' must be a mapping, got {type(params).__name__}")
-    recipe["params"] = params = {k: _coerce(v) for k, v in params.items()}
+    for problem in problems(recipe, RECIPE):
+        raise ValueError(f"{where}: {_recipe_wording(problem)}")
+    apply_defaults(recipe, RECIPE)
+    recipe["params"] = params = {k: _coerce(v) for k, v in recipe["params"].items()}
     if _is_ratings(recipe):
         for key in ("n_shards", "layout"):
             if key in recipe:
                 raise ValueError(f"{where}: {key!r} does not apply to ratings datasets "
                                  "(readers pick their blocks with balanced_bounds)")
-    n_shards = recipe.get("n_shards")
-    if n_shards is not None and (isinstance(n_shards, bool) or not isinstance(n_shards, int)
-                                 or n_shards < 1):
-        raise ValueError(f"{where}: 'n_shards' must be a positive integer, got {n_shards!r}")
-
     corpus_kind = recipe.get("convert") in ("text", "uci")
     dense_kind = _is_dense(recipe)
     if dense_kind and recipe.get("layout", "dense") != "dense":
@@ -183,17 +210,11 @@ def load_recipe(path_or_dict) -> dict:
     if layout == "dense" and not dense_kind:
         raise ValueError(f"{where}: layout 'dense' is for feature vectors (generator "
                          f"make_hashing_mixture or convert: features)")
-    if layout is not None and layout not in _LAYOUTS:
-        raise ValueError(f"{where}: 'layout' must be one of {', '.join(_LAYOUTS)}, "
-                         f"got {layout!r}")
     has_gen, has_conv = "generator" in recipe, "convert" in recipe
     if has_gen == has_conv:
         raise ValueError(f"{where}: exactly one of 'generator' or 'convert' is required")
     if has_gen:
         gen = recipe["generator"]
-        if gen not in GENERATORS:
-            raise ValueError(f"{where}: unknown generator {gen!r} "
-                             f"(known: {', '.join(GENERATORS)})")
         if "source" in recipe:
             raise ValueError(f"{where}: 'source' is only valid with 'convert'")
         func = _generator(gen)
@@ -205,9 +226,6 @@ def load_recipe(path_or_dict) -> dict:
                                  f"got {vf!r}")
     else:
         conv = recipe["convert"]
-        if conv not in CONVERTERS:
-            raise ValueError(f"{where}: unknown converter {conv!r} "
-                             f"(known: {', '.join(CONVERTERS)})")
         src = recipe.get("source")
         if isinstance(src, dict):
             _check_pypi_source(src, where)

@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from . import sparse as _sparse
-from .sparse import (FORMAT_VERSION, DatasetError, _atomic_write, _balanced_bounds,
+from ._input import _prepare_input
+from ._store import (FORMAT_VERSION, DatasetError, _atomic_write, _balanced_bounds,
                      _check_dest, _check_n_shards, _default_n_shards, _normalize_path,
-                     _prepare_input, _StoredDataset, _write_array, partition_shards,
-                     sklearn_indices)
+                     _StoredDataset, _write_array, check_read, open_dataset, partition_shards,
+                     sklearn_indices, store_kind)
 
 __all__ = ["SparseRowDataset", "InMemorySparseRowDataset", "write_sparse_rows"]
 
@@ -139,7 +139,7 @@ def write_sparse_rows(path, X, y, *, n_shards=None, overwrite=False,
         g.attrs.update({"complete": True})  # last
 
     _atomic_write(path, storage_options, overwrite, fill)
-    return _sparse.open_dataset(path, storage_options=storage_options)
+    return open_dataset(path, storage_options=storage_options)
 
 
 # --------------------------------------------------------------------------- reading
@@ -183,6 +183,8 @@ def _concat_csr(parts, p: int) -> sp.csr_matrix:
     return M
 
 
+@store_kind("a row-sharded sparse store (`dmp data convert svmlight --layout rows`, a corpus "
+            "from `dmp data convert uci|text`, `dmp.io.write_sparse_rows`)")
 class SparseRowDataset(_StoredDataset):
     """Handle on a row-block sparse dataset (metadata only; picklable).
 
@@ -291,7 +293,7 @@ class SparseRowDataset(_StoredDataset):
                                f"({type(e).__name__}: {e})") from None
         if not hasattr(z, "dtype") or z.shape != (n,) or z.dtype.kind != "T":
             raise DatasetError(f"dataset: {name!r} must be a string array of length {n}")
-        _sparse.check_read(z, len(range(*sel.indices(n))), f"dataset: {name!r}")
+        check_read(z, len(range(*sel.indices(n))), f"dataset: {name!r}")
         try:
             return np.asarray(z[sel])
         except Exception as e:

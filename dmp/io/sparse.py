@@ -15,135 +15,32 @@ Layout of a dataset at ``<path>``::
 Shard ``k`` holds the columns ``col_bounds[k]:col_bounds[k + 1]``.  Workers open the
 dataset by path (plus ``storage_options``) and read only the shards they own.
 
-Row-block datasets (``kind="sparse-rows"``, for data-parallel algorithms) live in
-`dmp.io.rows` and share this module's helpers; `open_dataset` opens both kinds.
+What every kind of store shares (`DatasetError`, paths, atomic writes, the checks on reading,
+`open_dataset`) is in ``dmp.io._store``; row-block datasets (``kind="sparse-rows"``, for
+data-parallel algorithms) live in `dmp.io.rows`.
 """
 
 from __future__ import annotations
 
-import math
-import os
-import shutil
-import uuid
 from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-import zarr
-from zarr.codecs import BloscCodec, ZstdCodec
 
-from ..engine.checkpoint import is_remote as _is_remote
-from ..exceptions import DMPError
-from ..utils.text import plural, shown
+from ._input import _prepare_input
+from ._store import (FORMAT_VERSION, DatasetError, _atomic_write, _balanced_bounds,
+                     _check_dest, _check_n_shards, _default_n_shards, _normalize_path,
+                     _StoredDataset, _write_array, open_dataset, partition_shards,
+                     sklearn_indices, store_kind)
+# names the estimators and the pipeline import from here (their homes: _input, _store)
+from ._input import _is_dask  # noqa: F401
+from ._store import (STORE_KINDS, _group_has_attrs, attr_int, attr_ints,  # noqa: F401
+                     check_allocation, check_compressed, check_read, require_store_kind)
 
 __all__ = ["DatasetError", "SparseDataset", "write_sparse", "open_dataset"]
 
-FORMAT_VERSION = 1
 KIND = "sparse-columns"
-TARGET_SHARD_NNZ = 2_000_000
-MAX_CHUNK = 4 * 1024 * 1024
-_DENSE_BLOCK_ELEMS = 1 << 24  # dask -> sparse conversion: at most 16M dense values at once
 _REQUIRED_ATTRS = ("shape", "nnz", "n_shards", "col_bounds", "dtype", "complete")
-
-
-class DatasetError(DMPError, ValueError):
-    """A dataset (or the data passed to build one) is invalid or corrupted.
-
-    A `dmp.exceptions.DMPError` and a `ValueError` (what callers caught before dmp's named
-    errors existed).  A store's metadata is checked when it is opened and again where each
-    shard loads (on the worker), before anything it declares is allocated."""
-
-
-class _ShardIndexError(DatasetError, IndexError):
-    """Shard index out of range (both a `DatasetError` and an `IndexError`)."""
-
-
-# --------------------------------------------------------------------------- paths
-
-
-def _normalize_path(path) -> str:
-    """Return ``path`` as a string: ``~`` expanded, ``file://`` stripped for local paths."""
-    if isinstance(path, os.PathLike):
-        path = os.fspath(path)
-    if not isinstance(path, str):
-        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
-    if path.startswith("file://"):
-        path = path[len("file://"):]
-    if _is_remote(path):
-        return path.rstrip("/")
-    return os.path.expanduser(path).rstrip(os.sep) or os.sep
-
-
-
-def _fs(path: str, storage_options):
-    import fsspec.core
-
-    fs, fpath = fsspec.core.url_to_fs(path, **(storage_options or {}))
-    return fs, fpath
-
-
-def _exists(path: str, storage_options) -> bool:
-    if _is_remote(path):
-        fs, fpath = _fs(path, storage_options)
-        return fs.exists(fpath)
-    return os.path.exists(path)
-
-
-def _open_group(path: str, storage_options, mode: str = "r"):
-    # dmp never consolidates its stores' metadata: a consolidated copy in the root zarr.json
-    # (stale, or hostile) is ignored, every array is read with its own metadata
-    kw = {"use_consolidated": False} if mode == "r" else {}
-    if _is_remote(path) and storage_options:
-        return zarr.open_group(path, mode=mode, storage_options=storage_options, zarr_format=3,
-                               **kw)
-    return zarr.open_group(path, mode=mode, zarr_format=3, **kw)
-
-
-# --------------------------------------------------------------------------- partitioning
-
-
-def _balanced_bounds(weights: np.ndarray, n_parts: int) -> np.ndarray:
-    """Split ``len(weights)`` items into ``n_parts`` contiguous non-empty ranges.
-
-    Returns bounds ``[0, b1, ..., len(weights)]`` whose ranges have roughly equal total
-    weight.  Requires ``1 <= n_parts <= len(weights)``.
-    """
-    weights = np.asarray(weights, dtype=np.float64)
-    m = len(weights)
-    if not 1 <= n_parts <= m:
-        raise ValueError(f"cannot split {plural(m, 'item')} into {n_parts} non-empty parts")
-    cum = np.concatenate([[0.0], np.cumsum(weights)])
-    total = cum[-1]
-    if total <= 0:
-        cum = np.arange(m + 1, dtype=np.float64)
-        total = float(m)
-    targets = total * np.arange(1, n_parts) / n_parts
-    idx = np.searchsorted(cum, targets, side="left")
-    idx = np.clip(idx, 1, m)
-    prev = idx - 1
-    closer_prev = np.abs(cum[prev] - targets) <= np.abs(cum[idx] - targets)
-    b = np.where(closer_prev & (prev >= 1), prev, idx).astype(np.int64)
-    bounds = np.concatenate([[0], b, [m]]).astype(np.int64)
-    for k in range(1, n_parts):  # forward: strictly increasing
-        bounds[k] = max(bounds[k], bounds[k - 1] + 1)
-    for k in range(n_parts - 1, 0, -1):  # backward: leave room for the later parts
-        bounds[k] = min(bounds[k], bounds[k + 1] - 1)
-    return bounds
-
-
-# --------------------------------------------------------------------------- input adapters
-
-
-def partition_shards(shard_nnz, n_parts) -> list[list[int]]:
-    """Split shards into ``n_parts`` contiguous groups of roughly equal nnz."""
-    n_shards = len(shard_nnz)
-    if isinstance(n_parts, bool) or not isinstance(n_parts, (int, np.integer)) or n_parts < 1:
-        raise ValueError(f"n_parts must be a positive integer, got {shown(n_parts)}")
-    if n_parts > n_shards:
-        raise ValueError(f"cannot split into {n_parts} parts: the dataset has only "
-                         f"{plural(n_shards, 'shard')}; rewrite it with n_shards >= {n_parts}")
-    b = _balanced_bounds(shard_nnz, int(n_parts))
-    return [list(range(int(b[i]), int(b[i + 1]))) for i in range(n_parts)]
 
 
 def column_stats(M: sp.csc_matrix) -> tuple[np.ndarray, np.ndarray]:
@@ -155,274 +52,7 @@ def column_stats(M: sp.csc_matrix) -> tuple[np.ndarray, np.ndarray]:
                             np.asarray(M.data, dtype=np.float64))
 
 
-_INDEX32_MAX = int(np.iinfo(np.int32).max)
-
-
-def sklearn_indices(M):
-    """Give compressed ``M`` (CSR/CSC) one index dtype, in place, and return it.
-
-    int32 ``indices`` and ``indptr`` wherever its stored values and shape fit, int64 for
-    both beyond: scikit-learn's compiled estimators (Lasso, SGDClassifier, TruncatedSVD,
-    ...) accept no other combination, so every shard dmp hands out can go to them as it is.
-    """
-    big = M.indptr[-1] > _INDEX32_MAX or max(M.shape, default=0) > _INDEX32_MAX
-    dtype = np.int64 if big else np.int32
-    M.indices = M.indices.astype(dtype, copy=False)
-    M.indptr = M.indptr.astype(dtype, copy=False)
-    return M
-
-
-def _is_dask(x) -> bool:
-    return type(x).__module__.startswith("dask.") and hasattr(x, "compute")
-
-
-def _canonical(block, fmt: str = "csc", *, copy: bool = True):
-    """Convert a 2-D numpy/scipy block to a canonical float64 CSC or CSR matrix.
-
-    Canonical: sorted indices, no duplicates, no stored zeros.  With ``copy=False`` a sparse
-    input that is already canonical float64 in ``fmt`` is returned without copying its
-    arrays; anything else is converted into a new matrix (the input is never modified).
-    """
-    cls = sp.csc_matrix if fmt == "csc" else sp.csr_matrix
-    if sp.issparse(block):
-        if np.iscomplexobj(block):
-            raise DatasetError(f"X must be real, got dtype {block.dtype}")
-        try:
-            M = cls(block, dtype=np.float64, copy=copy)
-        except (TypeError, ValueError) as e:
-            raise DatasetError(f"X must be numeric, got dtype {block.dtype} ({e})") from None
-        if (not copy and _shares_arrays(M, block)
-                and (not M.has_canonical_format or (M.nnz and not np.all(M.data)))):
-            M = M.copy()  # about to be changed in place: never touch the caller's arrays
-    else:
-        arr = np.asarray(block)
-        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.number)
-                                       or arr.dtype == bool):
-            raise DatasetError(f"X must be numeric, got dtype {arr.dtype}")
-        if np.iscomplexobj(arr):
-            raise DatasetError(f"X must be real, got dtype {arr.dtype}")
-        M = cls(arr.astype(np.float64, copy=False))
-    M.sum_duplicates()
-    M.eliminate_zeros()
-    M.sort_indices()
-    return M
-
-
-def _shares_arrays(M, block) -> bool:
-    """Whether sparse ``M`` shares any of its arrays with sparse ``block``."""
-    for a in ("data", "indices", "indptr"):
-        u, v = getattr(M, a, None), getattr(block, a, None)
-        if isinstance(u, np.ndarray) and isinstance(v, np.ndarray) and np.shares_memory(u, v):
-            return True
-    return False
-
-
-def _check_finite_X(M, where: str = "") -> None:
-    if not np.all(np.isfinite(M.data)):
-        raise DatasetError(f"X contains NaN or infinite values{where}")
-
-
-class _InMemorySource:
-    """A numpy/scipy ``X`` as one canonical CSC (``fmt="csc"``) or CSR matrix.
-
-    ``slice_nnz()`` counts the nonzeros of each column (CSC) or row (CSR); ``block(a, b)``
-    returns columns (CSC) or rows (CSR) ``a:b``.
-    """
-
-    def __init__(self, X, fmt: str = "csc", *, copy: bool = True):
-        self.fmt = fmt
-        self.M = _canonical(X, fmt, copy=copy)
-        self.shape = self.M.shape
-        _check_finite_X(self.M)
-
-    def slice_nnz(self) -> np.ndarray:
-        return np.diff(self.M.indptr).astype(np.int64)
-
-    def block(self, a: int, b: int):
-        return self.M[:, a:b] if self.fmt == "csc" else self.M[a:b]
-
-
-class _DaskSource:
-    """A dask ``X``, computed a dense block at a time (columns for CSC, rows for CSR)."""
-
-    def __init__(self, X, fmt: str = "csc"):
-        self.X = X
-        self.fmt = fmt
-        self.shape = tuple(int(s) for s in X.shape)
-        other = self.shape[0] if fmt == "csc" else self.shape[1]
-        self._width = max(1, _DENSE_BLOCK_ELEMS // max(1, other))
-
-    def slice_nnz(self) -> np.ndarray:
-        import dask.array as da
-
-        axis = 0 if self.fmt == "csc" else 1
-        return np.asarray(da.count_nonzero(self.X, axis=axis).compute(), dtype=np.int64)
-
-    def block(self, a0: int, a1: int):
-        parts = []
-        for a in range(a0, a1, self._width):
-            b = min(a1, a + self._width)
-            if self.fmt == "csc":
-                M = _canonical(self.X[:, a:b].compute(), "csc")
-                _check_finite_X(M, f" (columns {a}:{b})")
-            else:
-                M = _canonical(self.X[a:b].compute(), "csr")
-                _check_finite_X(M, f" (rows {a}:{b})")
-            parts.append(M)
-        if len(parts) == 1:
-            return parts[0]
-        if self.fmt == "csc":
-            return sp.hstack(parts, format="csc")
-        return sp.vstack(parts, format="csr")
-
-
-def _prepare_input(X, y, fmt: str = "csc", *, copy: bool = True):
-    """Validate ``X`` and ``y`` for a writer; return ``(source, y)``.
-
-    ``source`` is an `_InMemorySource` or `_DaskSource` holding ``X`` as ``fmt``
-    ("csc": sharded by columns, "csr": by rows); ``y`` is float64, finite, of length n.
-    """
-    if _is_dask(X):
-        if X.ndim != 2:
-            raise DatasetError(f"X must be 2-D, got {X.ndim}-D with shape {X.shape}")
-    elif not sp.issparse(X):
-        X = np.asarray(X)
-        if X.ndim != 2:
-            raise DatasetError(f"X must be 2-D, got {X.ndim}-D with shape {X.shape}")
-    elif len(X.shape) != 2:
-        raise DatasetError(f"X must be 2-D, got shape {X.shape}")
-    n, p = (int(s) for s in X.shape)
-    if n < 1 or p < 1:
-        raise DatasetError(f"X must be non-empty, got shape {(n, p)}")
-    imax = int(np.iinfo(np.int32).max)
-    if fmt == "csc" and n > imax:
-        raise DatasetError(f"X has {n} rows; row indices are stored as int32 "
-                           f"(at most {imax} rows)")
-    if fmt == "csr" and p > imax:
-        raise DatasetError(f"X has {p} columns; column indices are stored as int32 "
-                           f"(at most {imax} columns)")
-    try:
-        y = np.asarray(y, dtype=np.float64)
-    except (TypeError, ValueError) as e:
-        raise DatasetError(f"y must be numeric: {e}") from None
-    if y.ndim != 1:
-        raise DatasetError(f"y must be 1-D, got shape {y.shape}")
-    if len(y) != n:
-        raise DatasetError(f"len(y) = {len(y)} does not match X.shape[0] = {n}")
-    if not np.all(np.isfinite(y)):
-        raise DatasetError("y contains NaN or infinite values")
-    src = _DaskSource(X, fmt) if _is_dask(X) else _InMemorySource(X, fmt, copy=copy)
-    return src, y
-
-
 # --------------------------------------------------------------------------- writing
-
-
-def _write_array(group, name: str, values: np.ndarray, dtype: str) -> None:
-    """Create the 1-D array ``name`` in ``group`` and fill it with ``values``."""
-    values = np.ascontiguousarray(values, dtype=dtype)
-    n = int(values.shape[0])
-    if np.dtype(dtype).kind == "f":
-        comp = BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")
-    else:
-        comp = ZstdCodec(level=3)
-    z = group.create_array(name, shape=(n,), dtype=dtype, chunks=(max(1, min(n, MAX_CHUNK)),),
-                           compressors=comp)
-    if n:
-        z[:] = values
-
-
-def _check_n_shards(n_shards, m: int, what: str = "columns") -> int:
-    if isinstance(n_shards, bool) or not isinstance(n_shards, (int, np.integer)):
-        raise DatasetError(f"n_shards must be an integer, got {shown(n_shards)}")
-    n_shards = int(n_shards)
-    if not 1 <= n_shards <= m:
-        raise DatasetError(f"n_shards must be in [1, {m}] (the number of {what}), "
-                           f"got {n_shards}")
-    return n_shards
-
-
-def _default_n_shards(total_nnz: int, m: int) -> int:
-    """About `TARGET_SHARD_NNZ` stored values per shard, at most ``m`` shards."""
-    return min(m, max(1, -(-int(total_nnz) // TARGET_SHARD_NNZ)))
-
-
-#: what each kind of store is, and the command that writes one
-STORE_KINDS = {
-    "sparse-columns": "a column-sharded sparse store (`dmp data convert svmlight`, `dmp.io."
-                      "write_sparse`)",
-    "sparse-rows": "a row-sharded sparse store (`dmp data convert svmlight --layout rows`, "
-                   "a corpus from `dmp data convert uci|text`, `dmp.io.write_sparse_rows`)",
-    "dense-rows": "a dense store (`dmp data convert features`, `dmp.io.write_dense`)",
-    "ratings": "a ratings store (`dmp data convert ratings`, `dmp.io.write_ratings`)",
-}
-
-
-def require_store_kind(X, kinds: tuple, estimator: str) -> None:
-    """Refuse a dmp store of a kind ``estimator`` cannot fit (anything else passes)."""
-    kind = getattr(type(X), "KIND", None)
-    if not kind or kind in kinds:
-        return
-    raise DatasetError(f"{estimator} needs {' or '.join(STORE_KINDS[k] for k in kinds)}; "
-                       f"{getattr(X, 'path', 'the dataset')!r} is {STORE_KINDS.get(kind, kind)}")
-
-
-def _group_has_attrs(path, storage_options, *names) -> bool:
-    """Whether ``path`` holds a Zarr group with all the attributes ``names`` (how dmp tells
-    its own stores from anything else before replacing or deleting them)."""
-    try:
-        attrs = _open_group(os.fspath(path), storage_options, mode="r").attrs
-        return all(name in attrs for name in names)
-    except Exception:
-        return False
-
-
-def _is_dmp_dataset(path: str, storage_options) -> bool:
-    """Whether ``path`` holds a dmp dataset (a Zarr group whose attributes say so)."""
-    return _group_has_attrs(path, storage_options, "dmp_format")
-
-
-def _check_dest(path: str, storage_options, overwrite: bool) -> None:
-    """A dataset may be written at ``path``: nothing is there, or (with ``overwrite``) a
-    dmp dataset is -- never a file or folder of something else."""
-    if not _exists(path, storage_options):
-        return
-    if not overwrite:
-        raise FileExistsError(f"{path!r} already exists; pass overwrite=True (on the command "
-                              f"line --overwrite) to replace it")
-    if not _is_dmp_dataset(path, storage_options):
-        raise FileExistsError(f"{path!r} exists and is not a dmp dataset; refusing to replace "
-                              f"it (overwrite replaces only a dataset)")
-
-
-def _atomic_write(path: str, storage_options, overwrite: bool, fill) -> None:
-    """Create a zarr group, let ``fill(group)`` write it, and move it onto ``path``.
-
-    Local paths are written to ``<path>.tmp-<uuid>`` and renamed when ``fill`` returns, so
-    ``path`` never holds a partial dataset (an existing one is replaced only then).  Remote
-    URLs are written in place.  On any error the partial output is removed; one left by a
-    killed process is removed by the next write of ``path`` (`clean_stale_partials`).
-    """
-    from ..utils.scratch import clean_stale_partials, mark_partial, unmark_partial
-
-    remote = _is_remote(path)
-    if not remote:
-        clean_stale_partials(path)   # left by conversions of this path that were killed
-    target = path if remote else f"{path}.tmp-{uuid.uuid4().hex}"
-    try:
-        g = _open_group(target, storage_options, mode="w")
-        if not remote:
-            mark_partial(target)
-        fill(g)
-        if not remote:
-            unmark_partial(target)
-            _replace_dir(target, path, overwrite)
-    except BaseException as exc:
-        _cleanup(target, storage_options)
-        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
-            # Zarr's write errors name no file: name the dataset being written
-            raise OSError(exc.errno, exc.strerror or str(exc), path) from exc
-        raise
 
 
 def write_sparse(path, X, y, *, n_shards=None, overwrite=False,
@@ -503,361 +133,10 @@ def write_sparse(path, X, y, *, n_shards=None, overwrite=False,
     return open_dataset(path, storage_options=storage_options)
 
 
-def _replace_dir(tmp: str, path: str, overwrite: bool) -> None:
-    """Move the finished ``tmp`` onto ``path``; remove the old ``path`` afterwards."""
-    if not os.path.exists(path):
-        os.replace(tmp, path)
-        return
-    _check_dest(path, None, overwrite)
-    old = f"{path}.tmp-{uuid.uuid4().hex}-old"
-    os.replace(path, old)
-    try:
-        os.replace(tmp, path)
-    except BaseException:
-        os.replace(old, path)
-        raise
-    if os.path.isdir(old):
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.remove(old)
-
-
-def _cleanup(target: str, storage_options) -> None:
-    try:
-        if _is_remote(target):
-            fs, fpath = _fs(target, storage_options)
-            if fs.exists(fpath):
-                fs.rm(fpath, recursive=True)
-        elif os.path.exists(target):
-            shutil.rmtree(target, ignore_errors=True)
-    except Exception:  # best effort; never hide the original error
-        pass
-
-
 # --------------------------------------------------------------------------- reading
 
 
-def open_dataset(path, *, storage_options=None):
-    """Open a dataset written by `write_sparse`, `dmp.io.write_sparse_rows` or
-    `dmp.io.write_ratings`, reading metadata only.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        Local path or fsspec URL.
-    storage_options : dict, optional
-        fsspec options for remote URLs.
-
-    Returns
-    -------
-    SparseDataset, dmp.io.SparseRowDataset or dmp.io.RatingsDataset
-        According to the dataset's ``kind`` attribute ("sparse-columns", "sparse-rows" or
-        "ratings").
-
-    Raises
-    ------
-    FileNotFoundError
-        Nothing exists at ``path``.
-    DatasetError
-        ``path`` is not a complete dmp sparse dataset, or has an unknown ``kind``.
-    """
-    from .dense import DenseDataset
-    from .ratings import RatingsDataset
-    from .rows import SparseRowDataset
-
-    path = _normalize_path(path)
-    if not _exists(path, storage_options):
-        raise FileNotFoundError(f"no dmp dataset at {path!r}: path does not exist")
-    try:
-        g = _open_group(path, storage_options)
-    except Exception as e:
-        raise DatasetError(f"{path!r} is not a dmp dataset: not a zarr v3 group "
-                           f"({type(e).__name__}: {e})") from None
-    attrs = dict(g.attrs)
-    fmt = attrs.get("dmp_format")
-    if fmt is None:
-        raise DatasetError(f"{path!r} is not a dmp dataset: attribute 'dmp_format' is "
-                           f"missing{_what_else(attrs)}")
-    if fmt != FORMAT_VERSION:
-        raise DatasetError(f"{path!r}: unsupported dmp_format {fmt!r} "
-                           f"(this version reads {FORMAT_VERSION})")
-    classes = {cls.KIND: cls for cls in (SparseDataset, SparseRowDataset, RatingsDataset,
-                                             DenseDataset)}
-    kind = attrs.get("kind")
-    if not isinstance(kind, str) or kind not in classes:
-        raise DatasetError(f"{path!r}: unknown dataset kind {kind!r}; this version reads "
-                           f"{', '.join(repr(k) for k in classes)}")
-    cls = classes[kind]
-    missing = [a for a in cls.REQUIRED_ATTRS if a not in attrs]
-    if missing:
-        raise DatasetError(f"{path!r}: attributes missing: {', '.join(missing)}")
-    if attrs["complete"] is not True:
-        raise DatasetError(f"{path!r}: dataset is incomplete (an interrupted write?); "
-                           "rewrite it")
-    return cls(path, attrs, storage_options=storage_options)
-
-
-def _what_else(attrs: dict) -> str:
-    """What a Zarr group without ``dmp_format`` is, when dmp wrote it: ``""`` or a clause."""
-    if "user_starts" in attrs and "item_starts" in attrs:
-        return ("; it holds the factors of a MatrixFactorization fit (factors_store=), "
-                "arrays W/<k> and H/<k>: read them with zarr or dask.array.from_zarr")
-    if "estimator" in attrs:
-        return ("; it is a model written by `dmp run` (coef.zarr, hash.zarr, factors.zarr): "
-                "read its arrays with zarr")
-    return ""
-
-
-def check_compressed(indptr, indices, data, m, what, major, detail="",
-                     bad_indptr="'indptr' is not non-decreasing"):
-    """Validate compressed (CSR or CSC) arrays in one pass (`csc_check`) and raise
-    `DatasetError` naming the problem; ``what`` says where, ``major`` is "row" or "column"."""
-    from ..kernels.sparse import csc_check
-
-    code = csc_check(indptr, indices, data, m)
-    if code == 1:
-        raise DatasetError(f"{what}: {bad_indptr}")
-    if code == 2:
-        raise DatasetError(f"{what}: 'indices' has values outside [0, {m})")
-    if code == 3:
-        raise DatasetError(f"{what}: 'indices' are not strictly increasing within a "
-                           f"{major}{detail}")
-    if code == 4:
-        raise DatasetError(f"{what}: 'data' contains NaN or infinite values")
-
-
-def attr_int(value, name: str, *, low: int = 0) -> int:
-    """An integer attribute read from a store: a JSON integer (not a bool, not a float that
-    happens to be integral) of at least ``low``, else `DatasetError`."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-        raise DatasetError(f"attribute {name!r} must be an integer >= {low}, got {shown(value)}")
-    return int(value)
-
-
-def attr_ints(value, name: str, *, low: int = 0) -> np.ndarray:
-    """A list-of-integers attribute (see `attr_int`) as int64."""
-    if not isinstance(value, (list, tuple)):
-        raise DatasetError(f"attribute {name!r} must be a list of integers, got {shown(value)}")
-    out = [attr_int(v, name, low=low) for v in value]
-    if any(v >= 2**63 for v in out):
-        raise DatasetError(f"attribute {name!r} holds values beyond int64: {value!r}")
-    return np.asarray(out, dtype=np.int64).reshape(len(out))
-
-
-#: arrays smaller than this are read without asking how much memory is free
-_MEMORY_CHECK_BYTES = 64 * 2**20
-
-
-def check_allocation(nbytes: int, what: str) -> None:
-    """Raise `DatasetError` before allocating ``nbytes`` for data a store *declares*, when that
-    is more than this machine's available memory (a corrupt or hostile size, not data)."""
-    if nbytes < _MEMORY_CHECK_BYTES:
-        return
-    import psutil
-
-    avail = psutil.virtual_memory().available
-    if nbytes > avail:
-        raise DatasetError(f"{what} declares {nbytes / 2**30:,.1f} GiB, more than the "
-                           f"{avail / 2**30:,.1f} GiB of memory available here; the store's "
-                           f"metadata is corrupt, or the data needs a bigger machine")
-
-
-def check_read(z, n_elems: int, what: str) -> None:
-    """Raise `DatasetError` before reading ``n_elems`` values of the Zarr array ``z`` when its
-    metadata declares an impossible chunk shape, or more memory than is available.
-
-    Zarr decodes whole chunks, so a read costs the selection plus a chunk: a chunk larger
-    than both the array and `_MEMORY_CHECK_BYTES` is never written by dmp (its chunks never
-    exceed the array) and is refused as corrupt metadata before anything is allocated."""
-    itemsize = int(getattr(z.dtype, "itemsize", 0) or 16)   # variable-width strings: 16
-    try:
-        chunk = [int(c) for c in z.chunks]
-    except Exception as e:   # a chunk grid zarr cannot describe
-        raise DatasetError(f"{what}: unreadable chunk shape ({type(e).__name__}: {e})") \
-            from None
-    chunk_elems = math.prod(max(c, 1) for c in chunk)
-    array_elems = math.prod(max(int(d), 0) for d in z.shape)
-    if chunk_elems * itemsize > _MEMORY_CHECK_BYTES and chunk_elems > array_elems:
-        raise DatasetError(f"{what}: chunk shape {tuple(chunk)} is larger than the array "
-                           f"(shape {tuple(z.shape)}); the store's metadata is corrupt")
-    check_allocation((n_elems + (chunk_elems if n_elems else 0)) * itemsize, what)
-
-
-class _StoredDataset:
-    """What column- and row-sharded stored datasets share: attributes, ``y``, reading and
-    checking one shard's compressed arrays.
-
-    Subclasses set `KIND`, `BOUNDS` (the attribute naming the shard boundaries, which also
-    becomes an instance attribute), `AXIS` (the sharded axis of X: 0 rows, 1 columns).
-    """
-
-    KIND = ""
-    BOUNDS = ""
-    AXIS = 1
-    REQUIRED_ATTRS: tuple = ()
-
-    def __init__(self, path: str, attrs: dict, *, storage_options=None):
-        self.path = path
-        self.storage_options = storage_options
-        try:
-            shape = attr_ints(attrs["shape"], "shape", low=1)
-            if shape.shape != (2,):
-                raise DatasetError(f"attribute 'shape' must be [n_samples, n_features], "
-                                   f"got {attrs['shape']!r}")
-            n, p = int(shape[0]), int(shape[1])
-            self.shape = (n, p)
-            self.n_samples, self.n_features = n, p
-            self.nnz = attr_int(attrs["nnz"], "nnz")
-            self.n_shards = attr_int(attrs["n_shards"], "n_shards", low=1)
-            bounds = attr_ints(attrs[self.BOUNDS], self.BOUNDS)
-            self.dtype = np.dtype(attrs["dtype"])
-            if self.dtype != np.float64:
-                raise DatasetError(f"attribute 'dtype' must be float64, got {attrs['dtype']!r}")
-            sn = attrs.get("shard_nnz")
-            self._shard_nnz = None if sn is None else attr_ints(sn, "shard_nnz")
-            vocab = attrs.get("vocabulary", False)
-            if not isinstance(vocab, bool):
-                raise DatasetError(f"attribute 'vocabulary' must be true or false, "
-                                   f"got {shown(vocab)}")
-            self._attrs_vocabulary = vocab
-            names = attrs.get("names", False)
-            if not isinstance(names, bool):
-                raise DatasetError(f"attribute 'names' must be true or false, got {shown(names)}")
-            self._attrs_names = names
-            sums = attrs.get("column_sums", False)
-            if not isinstance(sums, bool):
-                raise DatasetError(f"attribute 'column_sums' must be true or false, "
-                                   f"got {shown(sums)}")
-            self._attrs_column_sums = sums
-        except (DatasetError, KeyError, TypeError, ValueError) as e:
-            raise DatasetError(f"{path!r}: malformed attributes ({e})") from None
-        extent = self.shape[self.AXIS]
-        if (n * p >= 2**62 or self.nnz > n * p or bounds.shape != (self.n_shards + 1,)
-                or bounds[0] != 0 or bounds[-1] != extent or np.any(np.diff(bounds) < 1)):
-            raise DatasetError(f"{path!r}: inconsistent attributes: shape={self.shape}, "
-                               f"nnz={self.nnz}, n_shards={self.n_shards}, "
-                               f"{self.BOUNDS}={bounds.tolist()}")
-        if self._shard_nnz is not None and (self._shard_nnz.shape != (self.n_shards,)
-                                            or int(self._shard_nnz.sum()) != self.nnz):
-            raise DatasetError(f"{path!r}: attribute 'shard_nnz' does not match "
-                               f"n_shards={self.n_shards} and nnz={self.nnz}")
-        setattr(self, self.BOUNDS, bounds)
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}({self.path!r}, shape={self.shape}, nnz={self.nnz}, "
-                f"n_shards={self.n_shards})")
-
-    @property
-    def _bounds(self) -> np.ndarray:
-        return getattr(self, self.BOUNDS)
-
-    # -- helpers
-    def _group(self):
-        try:
-            return _open_group(self.path, self.storage_options)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"no dmp dataset at {self.path!r} "
-                                    "(it was removed after opening)") from None
-
-    def _read(self, g, name: str, what: str, dtype: str, length: int | None = None,
-              sel: slice = slice(None)):
-        """Read ``g[name][sel]`` after checking that the array exists and has the expected
-        dtype, 1-D shape and (when given) length; every failure is a `DatasetError`."""
-        short = name.rsplit("/", 1)[-1]
-        try:
-            z = g[name]
-        except KeyError:
-            raise DatasetError(f"{what}: array {short!r} is missing "
-                               f"({self.path}/{name})") from None
-        except Exception as e:   # zarr rejects its metadata: TypeError, ValueError, ...
-            raise DatasetError(f"{what}: array {short!r} has corrupt metadata "
-                               f"({type(e).__name__}: {e})") from None
-        if not isinstance(z, zarr.Array):
-            raise DatasetError(f"{what}: {short!r} is a group, expected an array")
-        if z.ndim != 1:
-            raise DatasetError(f"{what}: {short!r} must be 1-D, has shape {z.shape}")
-        if z.dtype != np.dtype(dtype):
-            raise DatasetError(f"{what}: {short!r} has dtype {z.dtype}, expected {dtype}")
-        if length is not None and z.shape[0] != length:
-            raise DatasetError(f"{what}: {short!r} has length {z.shape[0]}, expected {length}")
-        n_sel = len(range(*sel.indices(z.shape[0])))
-        check_read(z, n_sel, f"{what}: {short!r}")
-        try:
-            return np.asarray(z[sel]) if n_sel else np.zeros(0, dtype=dtype)
-        except Exception as e:
-            raise DatasetError(f"{what}: cannot read {short!r} ({type(e).__name__}: {e})") \
-                from None
-
-    def _read_y(self, g, sel: slice = slice(None)) -> np.ndarray:
-        y = self._read(g, "y", "dataset", "float64", self.n_samples, sel)
-        if not np.all(np.isfinite(y)):
-            raise DatasetError("dataset: 'y' contains NaN or infinite values")
-        return y
-
-    def _check_k(self, k) -> int:
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-            raise TypeError(f"shard index must be an integer, got {shown(k)}")
-        if not 0 <= k < self.n_shards:
-            raise _ShardIndexError(f"shard {k} out of range: dataset has "
-                                   f"{plural(self.n_shards, 'shard')}")
-        return int(k)
-
-    def _load_arrays(self, g, k: int):
-        """Read and check shard ``k``'s compressed arrays (CSC of its columns, or CSR of its
-        rows); return ``(indptr, indices, data, width)``, width = the shard's columns/rows."""
-        k = self._check_k(k)
-        b0, b1 = int(self._bounds[k]), int(self._bounds[k + 1])
-        major, minor = ("column", "row") if self.AXIS == 1 else ("row", "column")
-        what = f"shard {k}"
-        base = f"shards/s{k:04d}"
-        m = self.shape[1 - self.AXIS]  # range of the stored indices
-        indptr = self._read(g, f"{base}/indptr", what, "int64", b1 - b0 + 1)
-        if indptr[0] != 0:
-            raise DatasetError(f"{what}: 'indptr' starts at {indptr[0]}, expected 0")
-        nnz = int(indptr[-1])
-        # checked before 'indices' and 'data' are read: their declared lengths must agree
-        if self._shard_nnz is not None and nnz != self._shard_nnz[k]:
-            raise DatasetError(f"{what}: 'indptr' gives {nnz} nonzeros, attribute "
-                               f"'shard_nnz' says {int(self._shard_nnz[k])}")
-        if not 0 <= nnz <= min(self.nnz, (b1 - b0) * m):
-            raise DatasetError(f"{what}: 'indptr' ends at {nnz}, outside [0, "
-                               f"{min(self.nnz, (b1 - b0) * m)}]")
-        indices = self._read(g, f"{base}/indices", what, "int32", nnz)
-        data = self._read(g, f"{base}/data", what, "float64", nnz)
-        if nnz and not np.all(data):
-            # the writers drop explicit zeros, and Zarr reads a missing chunk file as its
-            # fill value: a zero here is lost data, not a value
-            first = int(np.flatnonzero(data == 0)[0])
-            raise DatasetError(f"{what}: 'data' holds zeros (first at position {first}), "
-                               f"which a dmp store never stores: a chunk file of "
-                               f"'{base}/data' is missing or was zeroed")
-        check_compressed(indptr, indices, data, m, what, major,
-                         f" (unsorted or duplicate {minor} indices)",
-                         "'indptr' is not non-decreasing")
-        return indptr, indices, data, b1 - b0
-
-    # -- public
-    def load_y(self) -> np.ndarray:
-        """Return the targets, float64 of shape (n_samples,)."""
-        return self._read_y(self._group())
-
-    def shard_nnz(self) -> np.ndarray:
-        """Return the number of stored values per shard (int64, from metadata)."""
-        if self._shard_nnz is None:  # fallback for datasets without the attribute
-            g = self._group()
-            counts = []
-            for k in range(self.n_shards):
-                w = int(self._bounds[k + 1] - self._bounds[k])
-                last = int(self._read(g, f"shards/s{k:04d}/indptr", f"shard {k}", "int64",
-                                      w + 1, slice(w, w + 1))[0])
-                if not 0 <= last <= self.nnz:
-                    raise DatasetError(f"shard {k}: 'indptr' ends at {last}, outside "
-                                       f"[0, {self.nnz}] (attribute 'nnz')")
-                counts.append(last)
-            self._shard_nnz = np.array(counts, dtype=np.int64)
-        return self._shard_nnz.copy()
-
-
+@store_kind("a column-sharded sparse store (`dmp data convert svmlight`, `dmp.io.write_sparse`)")
 class SparseDataset(_StoredDataset):
     """Handle on a column-block sparse dataset (metadata only; picklable).
 
@@ -990,4 +269,59 @@ class SparseDataset(_StoredDataset):
         list of list of int
             Shard indices of each group, in order; every group is non-empty.
         """
+        return partition_shards(self.shard_nnz(), n_parts)
+
+
+class InMemorySparseDataset:
+    """A CSC design matrix and target held in memory, split into column shards: the same
+    interface as `SparseDataset`.
+
+    The local backend reads partitions straight from it; the Dask backend never ships it
+    (in-memory inputs are written to a temporary store that the workers open themselves).
+    """
+
+    path = None
+
+    def __init__(self, X, y, n_shards: int = 1):
+        # no copy of an input that is already canonical float64 CSC without stored zeros
+        # (a copy, never an in-place change of the caller's matrix, otherwise)
+        X = sp.csc_matrix(X, dtype=np.float64)
+        if not X.has_canonical_format or (X.nnz and not np.all(X.data)):
+            X = X.copy()
+            X.sum_duplicates()
+            X.eliminate_zeros()
+            X.sort_indices()
+        self._X = X
+        self._y = np.asarray(y, dtype=np.float64)
+        self._stats = None
+        n, p = X.shape
+        self.shape = (n, p)
+        self.n_samples, self.n_features = n, p
+        self.nnz = int(X.nnz)
+        n_shards = max(1, min(int(n_shards), p))
+        self.n_shards = n_shards
+        # the same split as dmp.io.write_sparse, so both backends see the same partitions
+        self.col_bounds = _balanced_bounds(np.diff(X.indptr), n_shards)
+
+    def load_y(self) -> np.ndarray:
+        return self._y
+
+    def load_col_stats(self):
+        if self._stats is None:
+            self._stats = column_stats(self._X)
+        return self._stats
+
+    def shard_nnz(self) -> np.ndarray:
+        return np.diff(self._X.indptr[self.col_bounds])
+
+    def load_shards(self, ks):
+        """Columns of shards ``ks`` as a CSC matrix sharing ``indices``/``data`` (views)."""
+        c0, c1 = int(self.col_bounds[ks[0]]), int(self.col_bounds[ks[-1] + 1])
+        X = self._X
+        s, e = int(X.indptr[c0]), int(X.indptr[c1])
+        indptr = (X.indptr[c0:c1 + 1] - s).astype(np.int64)
+        return sp.csc_matrix((X.data[s:e], X.indices[s:e], indptr),
+                             shape=(X.shape[0], c1 - c0), copy=False)
+
+    def column_partition(self, n_parts: int) -> list[list[int]]:
         return partition_shards(self.shard_nnz(), n_parts)

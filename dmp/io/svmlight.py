@@ -13,7 +13,8 @@ import scipy.sparse as sp
 
 from ..utils.text import shown
 from .rows import SparseRowDataset, write_sparse_rows
-from .sparse import DatasetError, SparseDataset, sklearn_indices, write_sparse
+from ._store import DatasetError, sklearn_indices
+from .sparse import SparseDataset, write_sparse
 
 __all__ = ["read_svmlight", "convert_svmlight"]
 

@@ -239,7 +239,7 @@ def make_ratings(n_users=50_000, n_items=10_000, n_obs=2_000_000, rank=20, noise
 
 def make_lda_corpus(n_docs=5_000, n_words=10_000, n_topics=50, doc_len=200, alpha=0.1,
                     beta=0.01, seed=2):
-    """A corpus drawn from the LDA generative process (ANCHORS.md section 2's generator).
+    """A corpus drawn from the LDA generative process (the defaults: benchmarks/lda.py's corpus).
 
     Topics ``phi_k ~ Dirichlet(beta)`` over ``n_words`` words, document mixtures
     ``theta_d ~ Dirichlet(alpha)``, document lengths ``Poisson(doc_len)`` (at least 1), each

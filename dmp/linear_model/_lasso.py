@@ -3,39 +3,23 @@
 from __future__ import annotations
 
 import numbers
-import os
-import shutil
-import warnings
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.base import BaseEstimator, RegressorMixin
-from sklearn.exceptions import ConvergenceWarning
+from sklearn.base import RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ..engine import resolve_backend, run
-from ..engine.checkpoint import content_digest, dataset_fingerprint, tag_content
-from ..engine.runner import history_arrays
-from ..io.sparse import require_store_kind
-from ..utils.data import InMemorySparseDataset
-from ..utils.estimator import SharedBackendMixin
-from ..utils.scratch import temporary_store_dir
+from ..base import DMPEstimator, InMemoryData
+from ..io import write_sparse
+from ..io.sparse import InMemorySparseDataset
+from ..utils.estimator import seed_from
 from ..utils.text import plural
 from ._lasso_program import LassoProgram
 
 
 def _is_dataset(X) -> bool:
     return hasattr(X, "load_shards") and hasattr(X, "col_bounds")
-
-
-def seed_from(random_state) -> int:
-    """An integer seed from a scikit-learn ``random_state`` (None draws a fresh one)."""
-    if random_state is None:
-        return int(np.random.SeedSequence().entropy % (2**63))
-    if isinstance(random_state, numbers.Integral):
-        return int(random_state)
-    return int(random_state.randint(0, 2**31 - 1))
 
 
 #: with several partitions, above this many stored values per partition a round is one sweep
@@ -59,7 +43,7 @@ def _auto_inner_sweeps(schedule: str, n_partitions: int, nnz: int) -> int:
     return 1 if nnz / n_partitions >= ONE_SWEEP_NNZ_PER_PARTITION else 3
 
 
-class Lasso(SharedBackendMixin, RegressorMixin, BaseEstimator):
+class Lasso(RegressorMixin, DMPEstimator):
     """Lasso by STRADS scheduled model-parallel coordinate descent.
 
     Minimises scikit-learn's objective ``1/(2 n) ||y - X w - b||^2 + alpha ||w||_1``.
@@ -150,8 +134,11 @@ class Lasso(SharedBackendMixin, RegressorMixin, BaseEstimator):
 
     #: the kinds of dmp store it fits (`dmp.io.sparse.STORE_KINDS`)
     _store_kinds = ("sparse-columns",)
+    _scratch_kind = "lasso"
 
     _parameter_constraints = {
+        **DMPEstimator._parameter_constraints,
+        **DMPEstimator._checkpoint_constraints,
         "alpha": [Interval(numbers.Real, 0, None, closed="left")],
         "fit_intercept": ["boolean"],
         "schedule": [StrOptions({"priority", "round_robin", "random"})],
@@ -167,14 +154,6 @@ class Lasso(SharedBackendMixin, RegressorMixin, BaseEstimator):
         "tol": [Interval(numbers.Real, 0, None, closed="left")],
         "check_every": [Interval(numbers.Integral, 1, None, closed="left"),
                         StrOptions({"auto"})],
-        "backend": [StrOptions({"auto", "local", "dask"}), object],
-        "n_workers": [Interval(numbers.Integral, 1, None, closed="left"), None],
-        "random_state": ["random_state"],
-        "checkpoint": [str, os.PathLike, None],
-        "checkpoint_every": [Interval(numbers.Integral, 1, None, closed="left")],
-        "resume": ["boolean"],
-        "show_progress": ["boolean"],
-        "callback": [callable, None],
         "verbose": ["verbose"],
     }
 
@@ -211,48 +190,7 @@ class Lasso(SharedBackendMixin, RegressorMixin, BaseEstimator):
         tags.input_tags.sparse = True
         return tags
 
-    # ------------------------------------------------------------------ helpers
-    def _seed(self):
-        return seed_from(self.random_state)
-
-    def _prepare_data(self, X, y, backend):
-        """Return (dataset, cleanup_dir); validates in-memory input the scikit-learn way."""
-        if _is_dataset(X):
-            if y is not None:
-                raise ValueError("y must be None when X is a dmp dataset (the target is "
-                                 "read from the store)")
-            ds = X
-            if ds.n_samples < 1 or ds.n_features < 1:
-                raise ValueError(f"dataset {getattr(ds, 'path', '')!r} is empty "
-                                 f"(shape {ds.shape})")
-            self.n_features_in_ = ds.n_features
-            return ds, None
-        if y is None:
-            raise ValueError("Lasso requires y to be passed, but the target y is None "
-                             "(y may only be omitted when X is a dmp dataset)")
-        if hasattr(X, "dask") and hasattr(X, "compute"):
-            X = X.compute()
-        if hasattr(y, "dask") and hasattr(y, "compute"):
-            y = y.compute()
-        X, y = validate_data(self, X, y, accept_sparse="csc", dtype=np.float64,
-                             y_numeric=True, multi_output=False)
-        P = backend.n_partitions
-        # the checkpoint fingerprint: by content, not by the temporary store's path
-        digest = content_digest(X, y)
-        if backend.kind == "local":
-            return tag_content(InMemorySparseDataset(X, y, n_shards=P), digest), None
-        from ..io import write_sparse
-
-        tmp = temporary_store_dir("lasso")
-        try:
-            ds = write_sparse(f"{tmp}/data.zarr", sp.csc_matrix(X), y,
-                              n_shards=min(X.shape[1], max(P, 1)))
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return tag_content(ds, digest), tmp
-
-    # ------------------------------------------------------------------ API
+    # ------------------------------------------------------------------ fitting
     def fit(self, X, y=None):
         """Fit the model.
 
@@ -267,67 +205,59 @@ class Lasso(SharedBackendMixin, RegressorMixin, BaseEstimator):
         -------
         self
         """
-        self._validate_params()
-        require_store_kind(X, self._store_kinds, type(self).__name__)
-        backend = resolve_backend(self.backend, self.n_workers)
-        if self.checkpoint is None and self.resume:
-            raise ValueError("resume=True needs a checkpoint location")
-        ds, tmpdir = self._prepare_data(X, y, backend)
-        try:
-            n, p = ds.shape
-            P = backend.n_partitions
-            if P > ds.n_shards:
-                if ds is not X:  # in-memory input: split into one block per worker
-                    raise ValueError(f"{P} workers were requested for {p} feature(s): each "
-                                     f"worker needs at least one feature")
-                raise ValueError(f"the dataset has {ds.n_shards} shard(s) but {P} workers "
-                                 f"were requested; rewrite it with n_shards >= {P}")
-            if self.schedule_size == "auto":
-                # sized by work, and the same on every backend so results agree
-                size = max(min(p, 32), p // 8)
-            else:
-                size = int(self.schedule_size)
-            check_every = p if self.check_every == "auto" else int(self.check_every)
-            if self.inner_sweeps == "auto":
-                sweeps = _auto_inner_sweeps(self.schedule, P, int(np.sum(ds.shard_nnz())))
-            else:
-                sweeps = int(self.inner_sweeps)
-            program = LassoProgram(
-                ds, alpha=self.alpha, fit_intercept=self.fit_intercept,
-                schedule=self.schedule, schedule_size=size, eta=self.eta, rho=self.rho,
-                oversample=self.oversample, tol=self.tol, check_every=check_every,
-                refresh_every=10, seed=self._seed(), inner_sweeps=sweeps)
-            fingerprint = {"estimator": "Lasso", "alpha": float(self.alpha),
-                           "fit_intercept": bool(self.fit_intercept), "shape": [n, p],
-                           "n_partitions": P, "schedule": self.schedule,
-                           # stale rounds see other updates: another chain of iterates
-                           "staleness": int(self.staleness),
-                           "dataset": dataset_fingerprint(ds)}
-            result = run(program, backend, max_iter=self.max_iter, staleness=self.staleness,
-                         checkpoint=self.checkpoint, checkpoint_every=self.checkpoint_every,
-                         resume=self.resume, fingerprint=fingerprint, callback=self.callback,
-                         show_progress=self.show_progress, desc="Lasso",
-                         params=self.get_params(deep=False))
-        finally:
-            backend.close()
-            if tmpdir is not None:
-                shutil.rmtree(tmpdir, ignore_errors=True)
-        d = program.driver
+        return self._fit(X, y)
+
+    _is_dataset = staticmethod(_is_dataset)
+
+    def _prepare_in_memory(self, fit):
+        X, y = self._validate_xy(fit, accept_sparse="csc", y_numeric=True)
+        P, p = fit.n_partitions, X.shape[1]
+        if P > p:   # in-memory input is split into one block of features per worker
+            raise ValueError(f"{P} workers were requested for {p} feature(s): each worker "
+                             f"needs at least one feature")
+        return InMemoryData(
+            local=lambda: InMemorySparseDataset(X, y, n_shards=P),
+            write=lambda tmp: write_sparse(f"{tmp}/data.zarr", sp.csc_matrix(X), y,
+                                           n_shards=min(p, max(P, 1))),
+            content=(X, y))
+
+    def _make_program(self, fit):
+        ds, p = fit.dataset, fit.dataset.shape[1]
+        # sized by work, and the same on every backend so results agree
+        size = max(min(p, 32), p // 8) if self.schedule_size == "auto" else self.schedule_size
+        if self.inner_sweeps == "auto":
+            sweeps = _auto_inner_sweeps(self.schedule, fit.n_partitions,
+                                        int(np.sum(ds.shard_nnz())))
+        else:
+            sweeps = self.inner_sweeps
+        return LassoProgram(
+            ds, alpha=self.alpha, fit_intercept=self.fit_intercept, schedule=self.schedule,
+            schedule_size=size, eta=self.eta, rho=self.rho, oversample=self.oversample,
+            tol=self.tol, check_every=p if self.check_every == "auto" else self.check_every,
+            refresh_every=10, seed=seed_from(self.random_state), inner_sweeps=sweeps)
+
+    def _fingerprint(self, fit):
+        # stale rounds see other updates: another chain of iterates
+        return {"alpha": float(self.alpha), "fit_intercept": bool(self.fit_intercept),
+                "schedule": self.schedule, "staleness": int(self.staleness)}
+
+    def _run_options(self, fit):
+        return {"max_iter": self.max_iter, "staleness": self.staleness}
+
+    def _set_fitted(self, fit, result):
+        d = fit.program.driver
         self.coef_ = d.coef
         self.intercept_ = float(d.intercept)
         self.n_iter_ = result.n_rounds
         self.n_updates_ = d.updates
-        self.inner_sweeps_ = sweeps
+        self.inner_sweeps_ = fit.program.inner_sweeps
         self.dual_gap_ = float(d.gap)
         self.objective_ = float(d.objective)
-        self.history_ = history_arrays(result.history)
-        self.recoveries_ = result.recoveries
-        self.wall_time_ = result.wall_s
+
+    def _convergence_warning(self, fit, result):
         if not result.converged and not result.stopped and self.tol > 0:
-            warnings.warn(f"Lasso did not converge in {plural(self.max_iter, 'round')} "
-                          f"(duality gap {self.dual_gap_:.3e}); increase max_iter or tol.",
-                          ConvergenceWarning, stacklevel=2)
-        return self
+            return (f"Lasso did not converge in {plural(self.max_iter, 'round')} (duality "
+                    f"gap {self.dual_gap_:.3e}); increase max_iter or tol.")
 
     def predict(self, X):
         """Predict with the fitted linear model."""

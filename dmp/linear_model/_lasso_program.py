@@ -1,7 +1,8 @@
 """STRADS Lasso as a schedule / push / pull Program on column-block partitions.
 
-Layout (ARCHITECTURE.md section 3.1): each partition owns a contiguous block of columns (its
-CSC shards and coefficients) and a replica of the residual ``r = y~ - X~ w``.
+Layout (docs/algorithms.md, "Lasso partitioning: column blocks"): each partition owns a
+contiguous block of columns (its CSC shards and coefficients) and a replica of the residual
+``r = y~ - X~ w``.
 
 * schedule (driver): priority-sample candidates over all variables (probability proportional
   to (last change)^2 + eta * mean), order them by priority (for the filter) and deal them

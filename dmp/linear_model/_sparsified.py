@@ -4,43 +4,38 @@ from __future__ import annotations
 
 import math
 import numbers
-import shutil
-import warnings
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
-from sklearn.exceptions import ConvergenceWarning
+from sklearn.base import ClassifierMixin, RegressorMixin
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import type_of_target
 from sklearn.utils.validation import check_is_fitted, validate_data
 
-from ..engine import resolve_backend, run
-from ..engine.checkpoint import content_digest, dataset_fingerprint, tag_content
-from ..engine.runner import history_arrays
-from ..io.sparse import require_store_kind
-from ..utils.estimator import SharedBackendMixin
-from ..utils.scratch import temporary_store_dir
-from ..utils.text import plural
-from ._lasso import seed_from
-from ._sparsified_program import SparsifiedProgram, block_bounds
+from ..base import DMPEstimator, InMemoryData
+from ..io import InMemorySparseRowDataset, write_sparse_rows
+from ..utils.estimator import seed_from
+from ._sparsified_program import SparsifiedProgram
 
 
 def _is_row_dataset(X) -> bool:
     return hasattr(X, "load_row_shards") and hasattr(X, "row_partition")
 
 
-class _SparsifiedBase(SharedBackendMixin, BaseEstimator):
+class _SparsifiedBase(DMPEstimator):
     """Shared machinery; see :class:`SparsifiedSGDRegressor` for the parameters."""
 
     #: the kinds of dmp store it fits (`dmp.io.sparse.STORE_KINDS`)
     _store_kinds = ("sparse-rows",)
+    _scratch_kind = "sparsified"
 
     #: the driver needs the stored targets (a classifier's classes); a regressor's store was
     #: validated when written, so its targets stay on the workers
     _needs_stored_targets = False
 
     _parameter_constraints: dict = {
+        **DMPEstimator._parameter_constraints,
+        **DMPEstimator._checkpoint_constraints,
         "penalty": [StrOptions({"l2", "l1", "elasticnet"}), None],
         "alpha": [Interval(numbers.Real, 0, None, closed="left")],
         "l1_ratio": [Interval(numbers.Real, 0, 1, closed="both")],
@@ -56,14 +51,6 @@ class _SparsifiedBase(SharedBackendMixin, BaseEstimator):
         "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
         "tol": [Interval(numbers.Real, 0, None, closed="left"), None],
         "n_iter_no_change": [Interval(numbers.Integral, 1, None, closed="left")],
-        "backend": [StrOptions({"auto", "local", "dask"}), object],
-        "n_workers": [Interval(numbers.Integral, 1, None, closed="left"), None],
-        "random_state": ["random_state"],
-        "checkpoint": [str, object, None],
-        "checkpoint_every": [Interval(numbers.Integral, 1, None, closed="left")],
-        "resume": ["boolean"],
-        "show_progress": ["boolean"],
-        "callback": [callable, None],
         "verbose": ["verbose"],
     }
 
@@ -103,56 +90,28 @@ class _SparsifiedBase(SharedBackendMixin, BaseEstimator):
         return tags
 
     # ------------------------------------------------------------------ data
-    def _prepare_data(self, X, y, backend, reset: bool):
-        """Return (row dataset, temporary directory or None)."""
-        from ..io import InMemorySparseRowDataset, write_sparse_rows
+    _is_dataset = staticmethod(_is_row_dataset)
 
-        if _is_row_dataset(X):
-            if y is not None:
-                raise ValueError("y must be None when X is a dmp dataset (the target is "
-                                 "read from the store)")
-            if X.n_samples < 1 or X.n_features < 1:
-                raise ValueError(f"dataset {getattr(X, 'path', '')!r} is empty "
-                                 f"(shape {X.shape})")
-            if not reset and X.n_features != self.n_features_in_:
-                raise ValueError(f"X has {X.n_features} features, but "
-                                 f"{type(self).__name__} is expecting {self.n_features_in_} "
-                                 f"features as input")
-            self.n_features_in_ = X.n_features
-            if self._needs_stored_targets:
-                self._check_labels(X.load_y(), reset)
-            self._stored_labels = True
-            return X, None
-        if y is None:
-            raise ValueError(f"{type(self).__name__} requires y to be passed, but the target "
-                             f"y is None (y may only be omitted when X is a dmp dataset)")
-        if hasattr(X, "dask") and hasattr(X, "compute"):
-            X = X.compute()
-        if hasattr(y, "dask") and hasattr(y, "compute"):
-            y = y.compute()
-        X, y = validate_data(self, X, y, accept_sparse="csr", dtype=np.float64,
-                             y_numeric=not isinstance(self, ClassifierMixin),
-                             multi_output=False, reset=reset)
-        y = self._check_labels(y, reset)
+    def _prepare_store(self, fit):
+        X = super()._prepare_store(fit)
+        if self._needs_stored_targets:
+            self._check_labels(X.load_y(), fit)
+        self._stored_labels = True
+        return X
+
+    def _prepare_in_memory(self, fit):
+        X, y = self._validate_xy(fit, accept_sparse="csr", reset=fit.reset,
+                                 y_numeric=not isinstance(self, ClassifierMixin))
+        y = self._check_labels(y, fit)
         self._stored_labels = False
-        X = sp.csr_matrix(X)
-        P = backend.n_partitions
-        if X.shape[0] < P:
-            raise ValueError(f"{plural(X.shape[0], 'sample')} cannot be split over {P} "
-                             f"workers")
-        # the checkpoint fingerprint: by content, not by the temporary store's path
-        digest = content_digest(X, y)
-        if backend.kind == "local":
-            return tag_content(InMemorySparseRowDataset(X, y, n_shards=P), digest), None
-        tmp = temporary_store_dir("sparsified")
-        try:
-            ds = write_sparse_rows(f"{tmp}/data.zarr", X, y, n_shards=P)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return tag_content(ds, digest), tmp
+        X, P = sp.csr_matrix(X), fit.n_partitions
+        self._check_split(X.shape[0], "sample", P)
+        return InMemoryData(
+            local=lambda: InMemorySparseRowDataset(X, y, n_shards=P),
+            write=lambda tmp: write_sparse_rows(f"{tmp}/data.zarr", X, y, n_shards=P),
+            content=(X, y))
 
-    def _check_labels(self, y, reset):
+    def _check_labels(self, y, fit):
         y = np.asarray(y, dtype=np.float64)
         if not np.all(np.isfinite(y)):
             raise ValueError("y contains NaN or infinite values")
@@ -189,73 +148,51 @@ class _SparsifiedBase(SharedBackendMixin, BaseEstimator):
     def _labels_for_program(self):
         return None
 
-    def _fit(self, X, y, *, reset: bool, one_epoch: bool = False, x0=None):
-        require_store_kind(X, self._store_kinds, type(self).__name__)
-        backend = resolve_backend(self.backend, self.n_workers)
-        if self.checkpoint is None and self.resume:
-            raise ValueError("resume=True needs a checkpoint location")
-        try:
-            ds, tmpdir = self._prepare_data(X, y, backend, reset)
-        except BaseException:
-            backend.close()
-            raise
-        try:
-            n, d = ds.shape
-            P = backend.n_partitions
-            if P > ds.n_shards:
-                raise ValueError(f"the dataset has {ds.n_shards} shard(s) but {P} workers "
-                                 f"were requested; rewrite it with n_shards >= {P}")
-            n_coords = d + int(self.fit_intercept)
-            m, tau = self._resolve_blocks(n_coords, P)
-            alpha, l1_ratio = self._penalty_terms()
-            stochastic = self.method == "isaga" or self.batch_size is not None
-            b = self.batch_size or 1
-            eval_every = max(1, math.ceil(n / P / b)) if stochastic else 1
-            program = SparsifiedProgram(
-                ds, loss=self.loss, labels=self._labels_for_program(), method=self.method,
-                alpha=alpha, l1_ratio=l1_ratio, fit_intercept=self.fit_intercept,
-                n_blocks=m, tau=tau, batch_size=self.batch_size, step_size=self.step_size,
-                momentum=self.momentum, tol=self.tol, n_iter_no_change=self.n_iter_no_change,
-                eval_every=eval_every, seed=seed_from(self.random_state), x0=x0)
-            fingerprint = {"estimator": type(self).__name__, "method": self.method,
-                           "loss": self.loss, "alpha": alpha, "l1_ratio": l1_ratio,
-                           "shape": [n, d], "n_partitions": P, "n_blocks": m, "tau": tau,
-                           "dataset": dataset_fingerprint(ds)}
-            # one epoch (partial_fit): one iteration with exact local gradients
-            iters = eval_every if one_epoch else self.max_iter
-            result = run(program, backend, max_iter=iters + 1, checkpoint=self.checkpoint,
-                         checkpoint_every=self.checkpoint_every, resume=self.resume,
-                         fingerprint=fingerprint, callback=self.callback,
-                         show_progress=self.show_progress, desc=type(self).__name__,
-                         params=self.get_params(deep=False))
-        finally:
-            backend.close()
-            if tmpdir is not None:
-                shutil.rmtree(tmpdir, ignore_errors=True)
-        dr = program.driver
-        x = dr["x"]
+    def _make_program(self, fit):
+        n, d = fit.dataset.shape
+        m, tau = self._resolve_blocks(d + int(self.fit_intercept), fit.n_partitions)
+        alpha, l1_ratio = self._penalty_terms()
+        stochastic = self.method == "isaga" or self.batch_size is not None
+        b = self.batch_size or 1
+        return SparsifiedProgram(
+            fit.dataset, loss=self.loss, labels=self._labels_for_program(), method=self.method,
+            alpha=alpha, l1_ratio=l1_ratio, fit_intercept=self.fit_intercept, n_blocks=m,
+            tau=tau, batch_size=self.batch_size, step_size=self.step_size,
+            momentum=self.momentum, tol=self.tol, n_iter_no_change=self.n_iter_no_change,
+            eval_every=max(1, math.ceil(n / fit.n_partitions / b)) if stochastic else 1,
+            seed=seed_from(self.random_state), x0=fit.x0)
+
+    def _fingerprint(self, fit):
+        pr = fit.program
+        return {"method": self.method, "loss": self.loss, "alpha": pr.alpha,
+                "l1_ratio": pr.l1_ratio, "n_blocks": pr.n_blocks, "tau": pr.tau}
+
+    def _run_options(self, fit):
+        # one epoch (partial_fit): one iteration with exact local gradients
+        iters = fit.program.eval_every if fit.one_epoch else self.max_iter
+        return {"max_iter": iters + 1}
+
+    def _set_fitted(self, fit, result):
+        pr, dr = fit.program, fit.program.driver
+        x, d = dr["x"], pr.n_features
         self._set_coef(x[:d], float(x[d]) if self.fit_intercept else 0.0)
         self.n_iter_ = max(result.n_rounds - 1, 0)
-        self.n_blocks_ = m
-        self.blocks_per_worker_ = tau
-        self.block_bounds_ = block_bounds(n_coords, m)
+        self.n_blocks_, self.blocks_per_worker_, self.block_bounds_ = pr.n_blocks, pr.tau, pr.bounds
         self.step_size_ = float(dr["step"])
         self.momentum_ = dr["beta"]
         self.lipschitz_ = float(dr["L"])
         self.objective_ = float(dr["objective"])
-        self.history_ = history_arrays(result.history)
-        self.recoveries_ = result.recoveries
-        self.wall_time_ = result.wall_s
         if dr.get("diverged"):
             raise FloatingPointError(
                 f"{type(self).__name__} diverged (objective {dr['objective']}) with "
                 f"step_size={self.step_size_:.3g}; use a smaller step_size")
-        if (not one_epoch and not result.converged and not result.stopped
+
+    def _convergence_warning(self, fit, result):
+        if (not fit.one_epoch and not result.converged and not result.stopped
                 and self.tol is not None):
-            warnings.warn(f"{type(self).__name__} stopped after max_iter={self.max_iter} "
-                          f"iterations before the objective stopped improving by tol; "
-                          f"increase max_iter", ConvergenceWarning, stacklevel=3)
-        return self
+            return (f"{type(self).__name__} stopped after max_iter={self.max_iter} "
+                    f"iterations before the objective stopped improving by tol; "
+                    f"increase max_iter")
 
     def fit(self, X, y=None):
         """Fit the model from zero.
@@ -271,14 +208,16 @@ class _SparsifiedBase(SharedBackendMixin, BaseEstimator):
         -------
         self
         """
-        self._validate_params()
-        return self._fit(X, y, reset=True)
+        return self._fit(X, y, one_epoch=False, x0=None, classes=None)
 
-    def _partial(self, X, y):
+    def _partial(self, X, y, classes=None):
+        """One epoch from the current coefficients (from zero on the first call, whose
+        ``classes`` a classifier declares)."""
         first = not hasattr(self, "coef_")
         x0 = None if first else np.append(np.ravel(self.coef_),
                                           np.ravel(self.intercept_)[:int(self.fit_intercept)])
-        return self._fit(X, y, reset=first, one_epoch=True, x0=x0)
+        return self._fit(X, y, validate=first, reset=first, one_epoch=True, x0=x0,
+                         classes=classes)
 
     def _decision(self, X):
         check_is_fitted(self)
@@ -316,7 +255,7 @@ class SparsifiedSGDRegressor(RegressorMixin, _SparsifiedBase):
     ``n_workers`` workers.  Each iteration every worker computes its local estimate, keeps
     ``blocks_per_worker`` (tau) of the ``n_blocks`` (m) coordinate blocks, sampled
     independently of the other workers, and uploads only those, scaled by m / tau on the
-    driver so the aggregate stays unbiased (ALGORITHMS.md Part 3).
+    driver so the aggregate stays unbiased (docs/algorithms.md, "Independent sparsification").
 
     Parameters
     ----------
@@ -343,7 +282,8 @@ class SparsifiedSGDRegressor(RegressorMixin, _SparsifiedBase):
         Rows per worker per iteration for stochastic gradients; None = exact local
         gradients (``isaga`` then uses 1).
     step_size : float or "auto", default="auto"
-        ``"auto"``: from the smoothness constants the workers report (ALGORITHMS.md 3.4),
+        ``"auto"``: from the smoothness constants the workers report
+        (docs/algorithms.md, "Step rule as implemented"),
         ``1 / (L + (m/tau - 1) max_i w_i L_i)`` with method-specific factors; ``isega``
         with exact local gradients uses the weighted mean ``sum_i w_i^2 L_i`` in place of
         the max (its variance is spread over the workers' trailing shifts).
@@ -420,8 +360,6 @@ class SparsifiedSGDRegressor(RegressorMixin, _SparsifiedBase):
         batch_size)`` iterations with stochastic ones.  Shifts and SAGA memories describe
         one batch, so they restart with every call.
         """
-        if not hasattr(self, "coef_"):
-            self._validate_params()
         return self._partial(X, y)
 
     def predict(self, X):
@@ -472,12 +410,12 @@ class SparsifiedSGDClassifier(ClassifierMixin, _SparsifiedBase):
         tags.classifier_tags.multi_class = False
         return tags
 
-    def _check_labels(self, y, reset):
+    def _check_labels(self, y, fit):
         y = np.asarray(y)
         kind = type_of_target(y, input_name="y", raise_unknown=True)
         classes = np.unique(y)
         # partial_fit's first call brings the classes (whatever this batch holds)
-        declared = getattr(self, "_declared_classes", None)
+        declared, reset = fit.classes, fit.reset
         if reset and declared is None:
             if kind != "binary" or len(classes) != 2:
                 raise ValueError(f"Only binary classification is supported. The type of the "
@@ -509,18 +447,14 @@ class SparsifiedSGDClassifier(ClassifierMixin, _SparsifiedBase):
         """One more epoch on (X, y) (see :meth:`SparsifiedSGDRegressor.partial_fit`);
         ``classes`` is required on the first call."""
         if not hasattr(self, "coef_"):
-            self._validate_params()
+            self._validate_params()   # before the classes are checked
             if classes is None:
                 raise ValueError("classes must be passed on the first call to partial_fit")
             classes = np.unique(classes)
             if len(classes) != 2:
                 raise ValueError(f"{type(self).__name__} is a binary classifier: got "
                                  f"{len(classes)} classes")
-            self._declared_classes = classes
-            try:
-                return self._partial(X, y)
-            finally:
-                del self._declared_classes
+            return self._partial(X, y, classes)
         if classes is not None and not np.array_equal(np.unique(classes), self.classes_):
             raise ValueError(f"classes={list(classes)} differs from classes_ "
                              f"{self.classes_.tolist()} of the earlier calls")

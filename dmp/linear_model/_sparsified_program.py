@@ -1,7 +1,7 @@
 """Independently sparsified distributed gradient methods as a push / pull Program.
 
-Problem (ALGORITHMS.md Part 3): ``min_x sum_i w_i f_i(x) + R(x)`` where worker ``i`` owns
-``l_i`` rows, ``f_i`` is the mean loss over them, ``w_i = l_i / N`` and
+Problem (docs/algorithms.md, "Problem and sparsifier"): ``min_x sum_i w_i f_i(x) + R(x)``
+where worker ``i`` owns ``l_i`` rows, ``f_i`` is the mean loss over them, ``w_i = l_i / N`` and
 ``R(x) = alpha (l1_ratio |x|_1 + (1 - l1_ratio) / 2 |x|^2)`` (the intercept is not
 penalised).  The coordinates are split into ``m`` contiguous blocks.
 

@@ -110,7 +110,7 @@ def follow(address, *, out=None, exit_when_done: bool = False, timeout: float | 
     """
     from distributed import Client
 
-    from ..engine.backends.dask import connect
+    from ..utils.cluster import connect
 
     out = out or sys.stdout
     if isinstance(address, Client):

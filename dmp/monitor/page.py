@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from .state import _NOT_METRICS, FitState, format_value, run_labels
+from .state import _NOT_METRICS, FitState, format_value, run_labels, scheduler_state
 
 UPDATE_MS = 500
 _PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
@@ -301,10 +301,7 @@ class DMPPage:
         return self._ROW_PX * (max(n_rows, 1) + 1) + 6   # every row and the header
 
     def _state(self):
-        from .plugin import current_monitor
-
-        mon = current_monitor(self.scheduler)
-        return None if mon is None else mon.state
+        return scheduler_state(self.scheduler)
 
     def _on_select(self, attr, old, new) -> None:
         if not self._setting:

@@ -20,11 +20,10 @@ import warnings
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from ..engine.events import TOPIC, finite_or_none, plain
-from .state import MonitorState
+from .state import PLUGIN_NAME, MonitorState
 
 logger = logging.getLogger("dmp.monitor")
 
-PLUGIN_NAME = "dmp-monitor"
 PAGE_PATH = "/dmp"
 JSON_PATH = "/dmp/api/metrics.json"
 _INSTALLED_ATTR = "_dmp_monitor_features"

@@ -206,6 +206,16 @@ class MonitorState:
         return [f.summary() for f in self.fits.values()]
 
 
+#: the name the scheduler plugin (`dmp.monitor.DMPMonitor`) is registered under
+PLUGIN_NAME = "dmp-monitor"
+
+
+def scheduler_state(scheduler) -> MonitorState | None:
+    """The state that ``scheduler``'s dmp monitor plugin collects; None while it has none."""
+    state = getattr(scheduler.plugins.get(PLUGIN_NAME), "state", None)
+    return state if isinstance(state, MonitorState) else None
+
+
 def _param_text(v) -> str:
     return format_value(v) if isinstance(v, float) else str(v)
 

@@ -1,10 +1,22 @@
-"""What every dmp estimator shares with scikit-learn's machinery."""
+"""What every dmp estimator shares with scikit-learn's machinery, below the estimators'
+base class (`dmp.base.DMPEstimator`): its clone and its seeds."""
 
 from __future__ import annotations
 
 import copy
+import numbers
 
+import numpy as np
 from sklearn.base import clone
+
+
+def seed_from(random_state) -> int:
+    """An integer seed from a scikit-learn ``random_state`` (None draws a fresh one)."""
+    if random_state is None:
+        return int(np.random.SeedSequence().entropy % (2**63))
+    if isinstance(random_state, numbers.Integral):
+        return int(random_state)
+    return int(random_state.randint(0, 2**31 - 1))
 
 
 class SharedBackendMixin:
@@ -14,7 +26,7 @@ class SharedBackendMixin:
     scikit-learn deep-copies every parameter that is not an estimator; a client is a live
     connection that cannot be copied, and a clone (in ``cross_val_score``, a grid search)
     should run on the same cluster anyway.  Every other parameter is cloned as scikit-learn
-    does.
+    does.  `dmp.base.DMPEstimator`, the base of every dmp estimator, derives from it.
     """
 
     def __sklearn_clone__(self):

@@ -26,10 +26,20 @@ OWNER_FILE = ".dmp-owner.json"
 _NAME = re.compile(r"^dmp-(%s)-[A-Za-z0-9_]+$" % "|".join(KINDS))
 
 
-def _pid_alive(pid: int) -> bool:
-    from ..engine.checkpoint import _pid_alive as alive
-
-    return alive(pid)
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host is alive (a zombie is not; a process that this
+    one may not signal is taken to be)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    try:  # a killed child not yet reaped by its parent still answers the signal
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+    except OSError:
+        return True
 
 
 def temporary_store_dir(kind: str) -> str:
@@ -121,7 +131,7 @@ def _remove_orphans(parent: str, pattern: re.Pattern) -> list[str]:
             with open(os.path.join(entry.path, OWNER_FILE)) as f:
                 owner = json.load(f)
             pid = owner["pid"]
-            if owner.get("host") != host or not isinstance(pid, int) or _pid_alive(pid):
+            if owner.get("host") != host or not isinstance(pid, int) or pid_alive(pid):
                 continue
         except (OSError, ValueError, KeyError, TypeError):
             continue

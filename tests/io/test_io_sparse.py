@@ -10,6 +10,8 @@ import pytest
 import scipy.sparse as sp
 import zarr
 
+import dmp.io._input as input_mod
+import dmp.io._store as store_mod
 import dmp.io.sparse as sparse_mod
 from dmp.io import DatasetError, SparseDataset, open_dataset, write_sparse
 
@@ -55,7 +57,7 @@ def test_roundtrip_input_kinds(tmp_path, kind):
 
 
 def test_dask_converted_in_small_blocks(tmp_path, monkeypatch):
-    monkeypatch.setattr(sparse_mod, "_DENSE_BLOCK_ELEMS", 50 * 3)  # 3 columns at a time
+    monkeypatch.setattr(input_mod, "_DENSE_BLOCK_ELEMS", 50 * 3)  # 3 columns at a time
     X, y = _random_sparse(seed=1)
     dense = X.toarray()
     ds = write_sparse(tmp_path / "ds.zarr", da.from_array(dense, chunks=(25, 7)), y,
@@ -110,10 +112,10 @@ def test_default_n_shards(tmp_path, monkeypatch):
     X, y = _random_sparse(p=8, density=0.5)
     ds = write_sparse(tmp_path / "a.zarr", X, y)
     assert ds.n_shards == 1
-    monkeypatch.setattr(sparse_mod, "TARGET_SHARD_NNZ", 60)
+    monkeypatch.setattr(store_mod, "TARGET_SHARD_NNZ", 60)
     ds = write_sparse(tmp_path / "b.zarr", X, y)
     assert ds.n_shards == int(np.ceil(X.nnz / 60)) < 8
-    monkeypatch.setattr(sparse_mod, "TARGET_SHARD_NNZ", 1)
+    monkeypatch.setattr(store_mod, "TARGET_SHARD_NNZ", 1)
     assert write_sparse(tmp_path / "c.zarr", X, y).n_shards == 8  # capped at p
 
 

@@ -932,10 +932,13 @@ def test_cli_errors(tmp_path, capsys):
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert "invalid choice" in err or "three comma-separated fractions" in err
-    assert main(["data", "convert", "ratings", str(f), "d", "--shards", "3"]) == 2
-    assert "--shards: not an option of ratings conversion" in capsys.readouterr().err
-    assert main(["data", "convert", "svmlight", str(f), "d", "--seed", "3"]) == 2
-    assert "--seed: not an option of svmlight" in capsys.readouterr().err
+    for argv, words in ((["ratings", "--shards", "3"], "--shards: not an option of ratings "
+                                                        "conversion"),
+                        (["svmlight", "--seed", "3"], "--seed: not an option of svmlight")):
+        with pytest.raises(SystemExit) as e:   # an argparse error
+            main(["data", "convert", argv[0], str(f), "d", *argv[1:]])
+        assert e.value.code == 2
+        assert words in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------- headers that name

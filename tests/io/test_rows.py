@@ -15,6 +15,8 @@ import zarr
 from sklearn.datasets import dump_svmlight_file
 
 import dmp.io.rows as rows_mod
+import dmp.io._input as input_mod
+import dmp.io._store as store_mod
 import dmp.io.sparse as sparse_mod
 from dmp.cli import main
 from dmp.io import (DatasetError, InMemorySparseRowDataset, SparseDataset, SparseRowDataset,
@@ -100,17 +102,17 @@ def test_roundtrip_input_kinds(tmp_path, kind):
 
 
 def test_dask_converted_in_small_blocks(tmp_path, monkeypatch):
-    monkeypatch.setattr(sparse_mod, "_DENSE_BLOCK_ELEMS", 25 * 3)  # 3 rows at a time
+    monkeypatch.setattr(input_mod, "_DENSE_BLOCK_ELEMS", 25 * 3)  # 3 rows at a time
     X, y = _random_sparse(seed=1)
     dense = X.toarray()
     calls = []
-    real = sparse_mod._canonical
+    real = input_mod._canonical
 
     def spy(block, fmt="csc", **kw):
         calls.append(np.shape(block))
         return real(block, fmt, **kw)
 
-    monkeypatch.setattr(sparse_mod, "_canonical", spy)
+    monkeypatch.setattr(input_mod, "_canonical", spy)
     ds = write_sparse_rows(tmp_path / "ds.zarr", da.from_array(dense, chunks=(25, 7)), y,
                            n_shards=4)
     assert calls and max(s[0] for s in calls) <= 3 and all(s[1] == 25 for s in calls)
@@ -166,11 +168,11 @@ def test_bounds_balanced_by_nnz(tmp_path):
 def test_default_n_shards(tmp_path, monkeypatch):
     X, y = _random_sparse(n=10, p=8, density=0.5)
     assert write_sparse_rows(tmp_path / "a.zarr", X, y).n_shards == 1
-    monkeypatch.setattr(sparse_mod, "TARGET_SHARD_NNZ", 7)
+    monkeypatch.setattr(store_mod, "TARGET_SHARD_NNZ", 7)
     ds = write_sparse_rows(tmp_path / "b.zarr", X, y)
     assert ds.n_shards == int(np.ceil(X.nnz / 7)) < 10
     assert InMemorySparseRowDataset(X, y).n_shards == ds.n_shards
-    monkeypatch.setattr(sparse_mod, "TARGET_SHARD_NNZ", 1)
+    monkeypatch.setattr(store_mod, "TARGET_SHARD_NNZ", 1)
     assert write_sparse_rows(tmp_path / "c.zarr", X, y).n_shards == 10  # capped at n
 
 
@@ -523,7 +525,7 @@ def test_column_sums_missing_or_corrupt(tmp_path):
 
 
 def test_nan_in_late_dask_block_leaves_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(sparse_mod, "_DENSE_BLOCK_ELEMS", 4)  # one row at a time
+    monkeypatch.setattr(input_mod, "_DENSE_BLOCK_ELEMS", 4)  # one row at a time
     dense = np.eye(6, 4)
     dense[5, 1] = np.nan  # only seen while writing the last shard
     with pytest.raises(DatasetError, match=r"X contains NaN.*rows 5:6"):

@@ -12,7 +12,7 @@ from sklearn.linear_model import Lasso, SGDClassifier
 
 from dmp.io import (InMemorySparseRowDataset, convert_corpus, read_svmlight,
                     read_text_corpus, read_uci_bow, write_sparse, write_sparse_rows)
-from dmp.utils.data import InMemorySparseDataset
+from dmp.io.sparse import InMemorySparseDataset
 
 
 def _data(n=60, p=25, seed=0):
