@@ -184,7 +184,7 @@ class DMPEstimator(SharedBackendMixin, BaseEstimator):
         if self._is_dataset(fit.X):
             return self._prepare_store(fit)
         data = self._prepare_in_memory(fit)
-        if fit.backend.kind == "local" and data.local is not None:
+        if not fit.backend.needs_store and data.local is not None:
             ds = data.local()
         else:
             fit.scratch = temporary_store_dir(self._scratch_kind)

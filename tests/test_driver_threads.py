@@ -94,3 +94,17 @@ def test_with_workers_in_this_process_the_blas_threads_are_left_alone():
         finally:
             backend.close()
         assert seen == [[2] * len(_blas_threads())] * 2
+
+
+def test_a_backend_out_of_the_driver_process_gets_a_one_thread_driver_blas():
+    """The runner reads the backend's ``in_driver_process``, not its kind."""
+
+    class Elsewhere(LocalBackend):
+        in_driver_process = False
+
+    if not _blas_threads():
+        pytest.skip("numpy reports no BLAS library")
+    with threadpool_limits(limits=2, user_api="blas"):
+        before = _blas_threads()
+        assert _seen(Elsewhere(1)) == [[1] * len(before)] * 2
+        assert _blas_threads() == before

@@ -6,7 +6,7 @@ import scipy.sparse as sp
 
 from dmp.engine import Broadcast, LocalBackend, run
 from dmp.io import lasso_alpha_max, make_correlated_lasso
-from dmp.linear_model._lasso_program import LassoProgram
+from dmp.linear_model._lasso_program import CDPlan, GapPlan, LassoProgram, RefreshPlan
 from dmp.io.sparse import InMemorySparseDataset
 
 SCHEDULES = ["priority", "round_robin", "random"]
@@ -79,8 +79,8 @@ def test_residual_replicas_stay_exact(data, schedule, fit_intercept):
     steps = []
     for t in range(30):
         plans, partials, _ = _round(prog, backend, t)
-        kinds.append(plans[0]["kind"])
-        if plans[0]["kind"] == "cd":
+        kinds.append(type(plans[0]))
+        if isinstance(plans[0], CDPlan):
             steps.append(prog.driver["last"]["step"])
         w = _gather_w(backend)
         r_true = ytil - Xc @ w
@@ -91,7 +91,7 @@ def test_residual_replicas_stay_exact(data, schedule, fit_intercept):
         assert np.linalg.norm(prog.driver["r"] - r_true) <= 1e-10 * scale
         obj = 0.5 * r_true @ r_true / len(y) + prog.alpha * np.abs(w).sum()
         np.testing.assert_allclose(prog.driver["objective"], obj, rtol=1e-10)
-    assert {"cd", "gap", "refresh"} <= set(kinds)
+    assert {CDPlan, GapPlan, RefreshPlan} <= set(kinds)
     assert np.count_nonzero(_gather_w(backend)) > 0
     assert all(0.0 <= s <= 1.0 for s in steps)
 
@@ -106,15 +106,15 @@ def test_no_variable_scheduled_twice(data, schedule):
     n_cd = 0
     for t in range(25):
         plans, partials, _ = _round(prog, backend, t)
-        if plans[0]["kind"] != "cd":
+        if not isinstance(plans[0], CDPlan):
             continue
         n_cd += 1
-        g = np.concatenate([pl["idx"] + starts[k] for k, pl in enumerate(plans)])
+        g = np.concatenate([pl.idx + starts[k] for k, pl in enumerate(plans)])
         assert len(g) > 0
         assert len(np.unique(g)) == len(g)
         for k, pl in enumerate(plans):  # local indices inside the partition's block
-            assert np.all((pl["idx"] >= 0) & (pl["idx"] < starts[k + 1] - starts[k]))
-        kept = np.concatenate([pt["kept"] + starts[k] for k, pt in enumerate(partials)])
+            assert np.all((pl.idx >= 0) & (pl.idx < starts[k + 1] - starts[k]))
+        kept = np.concatenate([pt.kept + starts[k] for k, pt in enumerate(partials)])
         assert len(np.unique(kept)) == len(kept)
         assert set(kept.tolist()) <= set(g.tolist())
         if schedule != "priority":
@@ -137,15 +137,15 @@ def test_priority_kept_pairs_pass_filter(data, fit_intercept, rho):
     n_dropped = 0
     for t in range(25):
         plans, partials, _ = _round(prog, backend, t)
-        if plans[0]["kind"] != "cd":
+        if not isinstance(plans[0], CDPlan):
             continue
         for k, pt in enumerate(partials):
-            g = pt["kept"] + starts[k]
-            assert len(g) <= plans[k]["keep"]
+            g = pt.kept + starts[k]
+            assert len(g) <= plans[k].keep
             # kept are distinct candidates of this partition (sweep order is free)
-            cand = plans[k]["idx"]
-            assert len(np.unique(pt["kept"])) == len(pt["kept"])
-            assert np.isin(pt["kept"], cand).all()
+            cand = plans[k].idx
+            assert len(np.unique(pt.kept)) == len(pt.kept)
+            assert np.isin(pt.kept, cand).all()
             n_dropped += len(cand) - len(g)
             C = Xc[:, g]
             cos = np.abs(C.T @ C) / np.sqrt(np.outer(sq[g], sq[g]))
@@ -198,17 +198,17 @@ def test_single_worker_round_robin_is_cyclic_cd(fit_intercept):
     while epoch < 3:
         plans, partials, _ = _round(prog, backend, t)
         t += 1
-        kinds.add(plans[0]["kind"])
-        if plans[0]["kind"] != "cd":
+        kinds.add(type(plans[0]))
+        if not isinstance(plans[0], CDPlan):
             continue
-        assert list(plans[0]["idx"]) == [n_cd % p]
+        assert list(plans[0].idx) == [n_cd % p]
         assert prog.driver["last"]["step"] == 1.0
         n_cd += 1
         if n_cd % p == 0:
             np.testing.assert_allclose(_gather_w(backend), ref[epoch], rtol=1e-10,
                                        atol=1e-10)
             epoch += 1
-    assert kinds == {"cd", "gap", "refresh"}
+    assert kinds == {CDPlan, GapPlan, RefreshPlan}
     assert np.count_nonzero(ref[-1]) > 2
     assert not np.allclose(ref[0], ref[-1])
 
@@ -269,7 +269,7 @@ def test_damped_step_with_conflicting_partitions(schedule, fit_intercept):
             assert np.linalg.norm(wk.state["r"] - r_true) <= 1e-10 * scale
         obj = 0.5 * r_true @ r_true / n + prog.alpha * np.abs(w).sum()
         np.testing.assert_allclose(prog.driver["objective"], obj, rtol=1e-10)
-        if plans[0]["kind"] == "cd":
+        if isinstance(plans[0], CDPlan):
             steps.append(prog.driver["last"]["step"])
         objs.append(obj)
     objs = np.array(objs)

@@ -7,7 +7,7 @@ from scipy.optimize import linear_sum_assignment
 
 from dmp.decomposition import LatentDirichletAllocation
 from dmp.decomposition import _lda_kernels as kernels
-from dmp.decomposition._lda_program import (LDAProgram, expand_tokens, round_uniforms,
+from dmp.decomposition._lda_program import (CountPlan, LDAProgram, expand_tokens, round_uniforms,
                                             word_blocks)
 from dmp.engine import LocalBackend, run
 from dmp.io import InMemorySparseRowDataset
@@ -145,7 +145,7 @@ def test_a_block_waits_packed_unless_the_next_push_needs_it_now():
     prog.receive(s, 0, 1, ((1, packed), None))      # its push of round 0 has not run yet
     assert s["inbox"][0][1] is packed
     s["inbox"].clear()
-    prog.push(s, {"round": 0, "kind": "count", "last": False})
+    prog.push(s, CountPlan(0))
     prog.receive(s, 0, 1, ((1, packed), None))      # now it is the next push's block
     np.testing.assert_array_equal(s["inbox"][0][1], table)
     prog.receive(s, 1, 1, ((0, packed), None))      # a round further ahead waits packed

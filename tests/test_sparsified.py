@@ -17,7 +17,7 @@ from dmp.engine.backends.local import LocalBackend
 from dmp.io import InMemorySparseRowDataset, write_sparse_rows
 from dmp.kernels import sparsify as kernels
 from dmp.linear_model import SparsifiedSGDClassifier, SparsifiedSGDRegressor
-from dmp.linear_model._sparsified_program import SparsifiedProgram, block_bounds
+from dmp.linear_model._sparsified_program import SparsifiedProgram, StepPlan, block_bounds
 
 # --------------------------------------------------------------------------- problems
 
@@ -207,7 +207,7 @@ def test_aggregate_is_unbiased_with_the_predicted_variance():
     R = 6000
     est = np.empty((R, d))
     for r in range(R):
-        plans = [{"kind": "step", "round": r + 1, "eval": False}] * n
+        plans = [StepPlan(round=r + 1, eval=False)] * n
         est[r] = prog.estimate([res["partial"] for res in backend.step(r + 1, None, plans)])
     var_pred = (m / tau - 1) / n**2 * sum(ai @ ai for ai in a)
     var_shared = (m / tau - 1) * float(abar @ abar)  # what one shared sampling would give

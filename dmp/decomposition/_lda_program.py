@@ -24,12 +24,54 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .. import config
-from ..engine.program import Broadcast, Program, Sends
+from ..engine.program import Broadcast, DriverState, Message, Program, Sends, unexpected
 from . import _lda_kernels as kernels
+
+
+@dataclass(frozen=True)
+class CountPlan(Message):
+    """A round of the first rotation: add the partition's token counts to the held block."""
+
+    round: int
+
+
+@dataclass(frozen=True)
+class SamplePlan(Message):
+    """A Gibbs sub-round over the partition's tokens of the held block."""
+
+    round: int
+    #: the last sub-round of a sweep (its partial carries the log-likelihood parts)
+    last: bool
+
+
+_PLANS = (CountPlan, SamplePlan)
+
+
+@dataclass
+class LDADriver(DriverState):
+    """The driver's state of `LDAProgram`."""
+
+    #: number of partitions
+    P: int
+    #: topic totals, once round 0 is pulled
+    n_k: np.ndarray | None = None
+    #: log-likelihood of the last sweep, sweeps done
+    ll: float = math.nan
+    sweep: int = 0
+    #: tokens per second of the last sweep, and when it ended (wall clock)
+    tokens_s: float = math.nan
+    t_sweep: float | None = None
+    n_tokens: int = 0
+    #: "count" during the first rotation, then "sample"
+    phase: str = "count"
+    #: the fit's result (`LDAProgram.finish`): topic-word counts, topic assignments
+    n_kw: np.ndarray | None = field(default=None, repr=False)
+    z: list | None = field(default=None, repr=False)
 
 
 def check_count_values(data, what: str) -> None:
@@ -292,23 +334,30 @@ class LDAProgram(Program):
         return b, table
 
     def push(self, s, plan):
+        if not isinstance(plan, _PLANS):
+            raise unexpected(self, "a plan", plan, _PLANS)
         try:
             return self._push(s, plan)
         finally:
-            s["next_push"] = plan["round"] + 1
+            s["next_push"] = plan.round + 1
 
     def _push(self, s, plan):
-        round = plan["round"]
+        round = plan.round
         b, table = self._take_block(s, round)
         t0, t1 = int(s["block_ptr"][b]), int(s["block_ptr"][b + 1])
         dest = (s["p"] - 1) % s["P"]
         # the block now belongs to the neighbour: drop it here, so a worker holds its next
         # block and (while it arrives) the one in transit, never an old one besides
         s["held"] = None
-        if plan["kind"] == "count":
-            kernels.count_block(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table)
-            partial = {"n_k": s["local_nk"].copy()} if round == 0 else {}
-            return Sends(partial, {dest: ((b, self._pack(s, table, dest)), None)})
+        match plan:
+            case CountPlan():
+                kernels.count_block(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table)
+                partial = {"n_k": s["local_nk"].copy()} if round == 0 else {}
+                return Sends(partial, {dest: ((b, self._pack(s, table, dest)), None)})
+            case SamplePlan():
+                return self._sample(s, plan, round, b, table, t0, t1, dest)
+
+    def _sample(self, s, plan: SamplePlan, round, b, table, t0, t1, dest):
         n_k = self._totals(s, round)
         before = n_k.copy()
         u = round_uniforms(self.seed, round, s["p"], t1 - t0, out=s["u"])
@@ -323,9 +372,9 @@ class LDAProgram(Program):
                                  s["dnz_cnt"], s["phi"], s["buf"])
         dn = n_k - before
         partial = {"dn_k": dn, "tokens": t1 - t0}
-        if plan["last"]:
+        if plan.last:
             partial["ll_doc"] = kernels.doc_loglik(s["doc_len"], self.n_topics, self.alpha,
-                                                   s["dnz_ptr"], s["dnz"], s["dnz_cnt"])
+                                             s["dnz_ptr"], s["dnz"], s["dnz_cnt"])
             partial["ll_word"] = kernels.word_loglik(table, self.beta)
             # when the sweep ended here (wall clock, comparable across the workers): the
             # driver scores batched rounds after the batch, so its own clock cannot say
@@ -467,95 +516,93 @@ class LDAProgram(Program):
         return entries * 24 + dense + waiting * travel + self.n_words * 8
 
     def start(self, n_partitions):
-        self.driver = {"P": n_partitions, "n_k": None, "ll": math.nan, "sweep": 0,
-                       "tokens_s": math.nan, "t_sweep": None, "n_tokens": 0,
-                       "phase": "count"}
+        self.driver = LDADriver(P=n_partitions)
 
     @property
     def n_rounds(self) -> int:
-        P = self.driver["P"]
+        P = self.driver.P
         return P * (self.n_sweeps + 1)
 
     def schedule(self, round):
-        P = self.driver["P"]
+        P = self.driver.P
         if round < P:
-            return [{"kind": "count", "round": round}] * P
+            return [CountPlan(round)] * P
         last = (round - P) % P == P - 1
-        return [{"kind": "sample", "round": round, "last": last}] * P
+        return [SamplePlan(round, last)] * P
 
     def needs_barrier(self, round):
         # the first sampling round needs the totals of the counting rotation
-        return round == self.driver["P"]
+        return round == self.driver.P
 
     def ring_inbox(self, round):
         # every partition hands its block to its left neighbour each round, and once
         # sampling its change of the totals to every other partition (with the block to the
         # neighbour)
-        P = self.driver["P"]
+        P = self.driver.P
         if P == 1:
             return [0]
         return [1] * P if round < P else [P - 1] * P
 
     def batch_rounds(self, round):
         # sampling rounds take everything from the other partitions' messages
-        P = self.driver["P"]
+        P = self.driver.P
         return 1 if round < P else self.n_rounds - round
 
     def pull(self, round, partials):
         dr = self.driver
-        P = dr["P"]
+        P = dr.P
         if round < P:
             if round == 0:
-                dr["n_k"] = np.sum([q["n_k"] for q in partials], axis=0).astype(np.int64)
-                dr["n_tokens"] = int(dr["n_k"].sum())
-                dr["t_sweep"] = time.time()
-            dr["phase"] = "count"
-            return Broadcast({"round": round, "n_k": dr["n_k"]})
-        dr["phase"] = "sample"
-        dr["n_k"] = dr["n_k"] + np.sum([q["dn_k"] for q in partials], axis=0)
+                dr.n_k = np.sum([q["n_k"] for q in partials], axis=0).astype(np.int64)
+                dr.n_tokens = int(dr.n_k.sum())
+                dr.t_sweep = time.time()
+            dr.phase = "count"
+            return Broadcast({"round": round, "n_k": dr.n_k})
+        dr.phase = "sample"
+        dr.n_k = dr.n_k + np.sum([q["dn_k"] for q in partials], axis=0)
         if partials[0].get("ll_doc") is not None:
             Kt, V, b = self.n_topics, self.n_words, self.beta
             ll = sum(q["ll_doc"] + q["ll_word"] for q in partials)
-            ll += Kt * math.lgamma(V * b) - sum(math.lgamma(c + V * b) for c in dr["n_k"])
-            dr["ll"] = ll
-            dr["sweep"] += 1
+            ll += Kt * math.lgamma(V * b) - sum(math.lgamma(c + V * b) for c in dr.n_k)
+            dr.ll = ll
+            dr.sweep += 1
             now = max(q["t_end"] for q in partials)
-            dr["tokens_s"] = dr["n_tokens"] / max(now - dr["t_sweep"], 1e-12)
-            dr["t_sweep"] = now
+            dr.tokens_s = dr.n_tokens / max(now - dr.t_sweep, 1e-12)
+            dr.t_sweep = now
         return None
 
     def metrics(self):
         dr = self.driver
-        n = max(dr["n_tokens"], 1)
-        return {"sweep": dr["sweep"], "phase": dr["phase"], "log_likelihood": dr["ll"],
-                "ll_per_token": dr["ll"] / n, "tokens_per_s": dr["tokens_s"],
-                "n_k_min": int(dr["n_k"].min()) if dr["n_k"] is not None else 0}
+        n = max(dr.n_tokens, 1)
+        return {"sweep": dr.sweep, "phase": dr.phase, "log_likelihood": dr.ll,
+                "ll_per_token": dr.ll / n, "tokens_per_s": dr.tokens_s,
+                "n_k_min": int(dr.n_k.min()) if dr.n_k is not None else 0}
 
     def progress_postfix(self):
-        return {"sweep": self.driver["sweep"],
+        return {"sweep": self.driver.sweep,
                 "ll_per_token": f"{self.metrics()['ll_per_token']:.4f}"}
 
     def driver_state(self):
         dr = self.driver
-        return {"n_k": dr["n_k"], "ll": dr["ll"], "sweep": dr["sweep"],
-                "n_tokens": dr["n_tokens"]}
+        return {"n_k": dr.n_k, "ll": dr.ll, "sweep": dr.sweep,
+                "n_tokens": dr.n_tokens}
 
     def load_driver_state(self, state):
         dr = self.driver
-        dr["n_k"] = np.asarray(state["n_k"], dtype=np.int64)
-        dr["ll"] = float(state["ll"])
-        dr["sweep"] = int(state["sweep"])
-        dr["n_tokens"] = int(state["n_tokens"])
-        dr["t_sweep"] = time.time()
+        dr.n_k = np.asarray(state["n_k"], dtype=np.int64)
+        dr.ll = float(state["ll"])
+        dr.sweep = int(state["sweep"])
+        dr.n_tokens = int(state["n_tokens"])
+        dr.t_sweep = time.time()
 
     def finish(self, partition_arrays):
         """Assemble the topic-word counts ``n_kw`` (topics x words, int32: built in place,
         no words x topics copy) from the blocks, and collect the topic assignments."""
-        P = self.driver["P"]
+        P = self.driver.P
         block, _ = word_blocks(self.n_words, P, self.seed, self.word_freq)
         n_kw = np.zeros((self.n_topics, self.n_words), dtype=np.int32)
         for arrays in partition_arrays:
             b = int(arrays["block_id"][0])
             n_kw[:, np.flatnonzero(block == b)] = np.asarray(arrays["block"]).T
-        self.driver["n_kw"] = n_kw
-        self.driver["z"] = [np.asarray(a["z"]) for a in partition_arrays]
+        self.driver.n_kw = n_kw
+        self.driver.z = [np.asarray(a["z"]) for a in partition_arrays]

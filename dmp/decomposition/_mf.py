@@ -289,7 +289,7 @@ class MatrixFactorization(DMPEstimator):
         # CCD++'s partitions solve each item update themselves (the driver only keeps the
         # score): on Dask a batch of rounds runs while the one before is scored, with the
         # same factors
-        staleness = int(self.method == "ccd++" and getattr(fit.backend, "kind", "") == "dask")
+        staleness = int(self.method == "ccd++" and fit.backend.overlaps_rounds)
         return {"max_iter": 1 + self.max_iter * per_iter, "staleness": staleness,
                 "checkpoint_every": self.checkpoint_every * per_iter, "collect": collect}
 
@@ -323,12 +323,7 @@ class MatrixFactorization(DMPEstimator):
             s = starts[part] + row
             F[s:s + len(piece)] = piece
 
-        if hasattr(backend, "collect_stream"):
-            backend.collect_stream(sink, method="factor_arrays")
-        else:   # a backend without streaming: every partition's factors at once
-            for part, arrays in enumerate(backend.collect_all("factor_arrays")):
-                for name, F in arrays.items():
-                    sink(part, name, 0, F)
+        backend.collect_stream(sink, method="factor_arrays")
         return W, H
 
     def _save_factors(self, backend, program):

@@ -32,11 +32,12 @@ one factor column (CCD++).  Every round's objective
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .. import config
-from ..engine.program import Broadcast, Program, Sends
+from ..engine.program import Broadcast, DriverState, Message, Program, Sends, unexpected
 from ..kernels import mf as kernels
 from ..utils.text import plural
 
@@ -48,6 +49,120 @@ def auto_block_size(n_components: int, n_users: int, n_items: int) -> int:
     per = 8 * (n_users + n_items)
     budget = config.nbytes("dmp.matrix-factorization.auto-block-bytes")
     return int(max(1, min(n_components, budget // per)))
+
+
+# ====================================================================== messages
+# CCD: plans and updates
+@dataclass(frozen=True)
+class CCDInitPlan(Message):
+    """Round 0: the partition's rating counts and sums."""
+
+    round: int
+    iteration: int
+    #: (side, k0, k1): the coordinate block the next round needs ("W" or "H")
+    next: tuple
+
+
+@dataclass(frozen=True)
+class CCDBlockPlan(Message):
+    """Exact CCD on coordinates ``k0..k1`` of one factor (`CCDWPlan`, `CCDHPlan`)."""
+
+    round: int
+    iteration: int
+    block: int
+    k0: int
+    k1: int
+    #: the last round of the iteration
+    end: bool
+    next: tuple
+
+
+@dataclass(frozen=True)
+class CCDWPlan(CCDBlockPlan):
+    """A block of the users' factors W."""
+
+
+@dataclass(frozen=True)
+class CCDHPlan(CCDBlockPlan):
+    """A block of the items' factors H."""
+
+
+@dataclass(frozen=True)
+class CCDInitUpdate(Message):
+    round: int
+    #: the ratings' mean (0 without centring)
+    mean: float
+
+
+@dataclass(frozen=True)
+class CCDWUpdate(Message):
+    """W changed on coordinates ``k = (k0, k1)``: bring the column copies up to date."""
+
+    round: int
+    k: tuple
+
+
+@dataclass(frozen=True)
+class CCDHUpdate(Message):
+    """H changed on coordinates ``k = (k0, k1)``: bring the row copies up to date."""
+
+    round: int
+    k: tuple
+
+
+_CCD_PLANS = (CCDInitPlan, CCDWPlan, CCDHPlan)
+_CCD_UPDATES = (CCDInitUpdate, CCDWUpdate, CCDHUpdate)
+
+
+# CCD++: plans (its pulls send nothing)
+@dataclass(frozen=True)
+class PPInitPlan(Message):
+    """Round 0: counts and sums, and the items' starting values of feature 0."""
+
+    round: int
+    iteration: int
+    t: int
+
+
+@dataclass(frozen=True)
+class PPFeaturePlan(Message):
+    """Pass ``inner_pass`` of the rank-one update of feature ``t``."""
+
+    round: int
+    iteration: int
+    t: int
+    inner_pass: int
+    #: the feature's last pass: the next round works on feature ``next_t``
+    feature_end: bool
+    next_t: int
+    #: the last round of the iteration
+    end: bool
+
+
+_PP_PLANS = (PPInitPlan, PPFeaturePlan)
+
+
+@dataclass
+class MFDriver(DriverState):
+    """The driver's state of the MF programs (`CCDProgram`, `CCDPPProgram`)."""
+
+    n_partitions: int
+    #: the ratings' mean, the objective now and at the end of the last iteration
+    mean: float = 0.0
+    objective: float = np.nan
+    prev_objective: float = np.nan
+    iteration: int = 0
+    converged: bool = False
+    #: training and validation ratings
+    nnz: int = 0
+    nnz_valid: int = 0
+    #: metrics of the last pulled round
+    metrics: dict = field(default_factory=dict)
+    #: CCD++: the items' regularisation weights and term, once round 0 is pulled
+    lam_cols: np.ndarray | None = field(default=None, repr=False)
+    regH: float | None = None
+    #: CCD++: (feature, item column) solved by the last pull
+    last_h: tuple | None = field(default=None, repr=False)
 
 
 def MFProgram(dataset, *, method="ccd++", **kwargs):
@@ -101,12 +216,7 @@ class _MFBase(Program):
                  "cols": (int(cb[k]), int(cb[k + 1]))} for k in range(n_partitions)]
 
     def start(self, n_partitions: int) -> None:
-        self.driver.update({"n_partitions": n_partitions, "mean": 0.0, "objective": np.nan,
-                            "prev_objective": np.nan, "iteration": 0, "converged": False,
-                            "nnz": 0, "nnz_valid": 0, "metrics": {}})
-
-    def schedule(self, round: int) -> list:
-        return [self.round_info(round)] * self.driver["n_partitions"]
+        self.driver = MFDriver(n_partitions=n_partitions)
 
     def _mean(self, parts) -> float:
         """The mean of every partition's ratings (0 without centring), from the init round's
@@ -115,58 +225,64 @@ class _MFBase(Program):
         total = float(sum(p["sum"] for p in parts))
         return total / nnz if (self.center and nnz) else 0.0
 
-    def _init_pull(self, partials, update) -> tuple[float, float]:
-        """Counts and the mean from the init round; returns the starting (loss, vloss)."""
+    def _init_pull(self, partials) -> tuple[float, float]:
+        """Counts and the mean (``driver.mean``) from the init round; returns the starting
+        (loss, vloss)."""
         dr = self.driver
-        dr["nnz"] = int(sum(p["count"] for p in partials))
-        dr["nnz_valid"] = int(sum(p["count_valid"] for p in partials))
+        dr.nnz = int(sum(p["count"] for p in partials))
+        dr.nnz_valid = int(sum(p["count_valid"] for p in partials))
         total = float(sum(p["sum"] for p in partials))
         mean = self._mean(partials)
-        dr["mean"] = update["mean"] = mean
+        dr.mean = mean
         sq = float(sum(p["sumsq"] for p in partials))
         vs = float(sum(p["sum_valid"] for p in partials))
         vsq = float(sum(p["sumsq_valid"] for p in partials))
-        return (sq - 2.0 * mean * total + dr["nnz"] * mean * mean,
-                vsq - 2.0 * mean * vs + dr["nnz_valid"] * mean * mean)
+        return (sq - 2.0 * mean * total + dr.nnz * mean * mean,
+                vsq - 2.0 * mean * vs + dr.nnz_valid * mean * mean)
 
     def _record(self, info, loss, vloss, reg) -> None:
         dr = self.driver
         objective = loss + reg
-        dr["objective"] = objective
-        dr["iteration"] = info["iteration"]
-        dr["metrics"] = {
+        dr.objective = objective
+        dr.iteration = info["iteration"]
+        dr.metrics = {
             "iteration": info["iteration"], "phase": info["phase"], "objective": objective,
-            "train_rmse": math.sqrt(max(loss, 0.0) / dr["nnz"]) if dr["nnz"] else np.nan,
-            "valid_rmse": (math.sqrt(max(vloss, 0.0) / dr["nnz_valid"])
-                           if dr["nnz_valid"] else np.nan)}
+            "train_rmse": math.sqrt(max(loss, 0.0) / dr.nnz) if dr.nnz else np.nan,
+            "valid_rmse": (math.sqrt(max(vloss, 0.0) / dr.nnz_valid)
+                           if dr.nnz_valid else np.nan)}
         if info.get("end"):
-            prev = dr["prev_objective"]
+            prev = dr.prev_objective
             if self.tol is not None and np.isfinite(prev) and prev > 0:
-                dr["converged"] = (prev - objective) <= self.tol * prev
-            dr["prev_objective"] = objective
+                dr.converged = (prev - objective) <= self.tol * prev
+            dr.prev_objective = objective
 
     def metrics(self) -> dict:
-        return dict(self.driver["metrics"])
+        return dict(self.driver.metrics)
 
     def progress_postfix(self) -> dict:
-        m = self.driver["metrics"]
+        m = self.driver.metrics
         out = {"it": m.get("iteration"), "objective": f"{m.get('objective', np.nan):.5g}"}
         if np.isfinite(m.get("valid_rmse", np.nan)):
             out["valid_rmse"] = f"{m['valid_rmse']:.4f}"
         return out
 
     def converged(self) -> bool:
-        return bool(self.driver["converged"])
+        return bool(self.driver.converged)
 
     def driver_state(self) -> dict:
-        return {k: self.driver[k] for k in self._DRIVER}
+        dr = self.driver
+        unset = [k for k in self._DRIVER if getattr(dr, k) is None]
+        if unset:
+            raise RuntimeError(f"{type(self).__name__}'s driver state is complete once round "
+                               f"0 is pulled ({', '.join(unset)} not set yet)")
+        return {k: getattr(dr, k) for k in self._DRIVER}
 
     def load_driver_state(self, state: dict) -> None:
+        dr = self.driver
         for k, v in state.items():
-            self.driver[k] = v.item() if isinstance(v, np.ndarray) and v.ndim == 0 else v
-        self.driver["converged"] = bool(self.driver["converged"])
-        for k in ("nnz", "nnz_valid"):
-            self.driver[k] = int(self.driver[k])
+            setattr(dr, k, v.item() if isinstance(v, np.ndarray) and v.ndim == 0 else v)
+        dr.converged = bool(dr.converged)
+        dr.nnz, dr.nnz_valid = int(dr.nnz), int(dr.nnz_valid)
 
     # ------------------------------------------------------------------ worker side
     def _load(self, what, a, b, split):
@@ -295,20 +411,26 @@ class CCDProgram(_MFBase):
         return info
 
     def schedule(self, round: int) -> list:
-        plan = self.round_info(round)
-        plan["round"] = round
+        info = self.round_info(round)
         nxt = self.round_info(round + 1)
         # a W round needs H's block and vice versa: each worker pushes its own part of it
-        plan["next"] = ("H" if nxt["phase"] == "W" else "W", nxt["k0"], nxt["k1"])
-        return [plan] * self.driver["n_partitions"]
+        after = ("H" if nxt["phase"] == "W" else "W", nxt["k0"], nxt["k1"])
+        if info["phase"] == "init":
+            plan = CCDInitPlan(round=round, iteration=info["iteration"], next=after)
+        else:
+            plan = (CCDWPlan if info["phase"] == "W" else CCDHPlan)(
+                round=round, iteration=info["iteration"], block=info["block"], k0=info["k0"],
+                k1=info["k1"], end=info["end"], next=after)
+        return [plan] * self.driver.n_partitions
 
     def pull(self, round: int, partials: list):
         info = self.round_info(round)
-        update = {"kind": info["phase"], "round": round}
         if info["phase"] == "init":
-            loss, vloss = self._init_pull(partials, update)
+            loss, vloss = self._init_pull(partials)
+            update = CCDInitUpdate(round=round, mean=self.driver.mean)
         else:
-            update["k"] = (info["k0"], info["k1"])
+            update = (CCDWUpdate if info["phase"] == "W" else CCDHUpdate)(
+                round=round, k=(info["k0"], info["k1"]))
             loss = float(sum(p["loss"] for p in partials))
             vloss = float(sum(p["loss_valid"] for p in partials))
         self._record(info, loss, vloss, float(sum(p["reg"] for p in partials)))
@@ -348,54 +470,63 @@ class CCDProgram(_MFBase):
         return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 
     def push(self, st, plan):
-        side, a, b = plan["next"]
+        if not isinstance(plan, _CCD_PLANS):
+            raise unexpected(self, "a plan", plan, _CCD_PLANS)
+        side, a, b = plan.next
         out, parts = {}, {}
-        if plan["phase"] == "init":
-            self._init_stats(st, out)
-        else:
-            k0, k1 = plan["k0"], plan["k1"]
-            if plan["phase"] == "W":
-                data, vdata, res, vres, F, lam, rk = ("rows", "vrows", "er", "evr", "W",
-                                                      "lam_rows", "regW")
-            else:
-                data, vdata, res, vres, F, lam, rk = ("cols", "vcols", "ec", "evc", "H",
-                                                      "lam_cols", "regH")
-            indptr, indices, _ = st[data]
-            O = st["O"]
-            delta = np.empty((indptr.shape[0] - 1, k1 - k0))
-            kernels.ccd_block_update(indptr, indices, st[res], st[F], k0, O, st[lam], delta)
-            vp, vi, _ = st[vdata]
-            kernels.subtract_lowrank(vp, vi, st[vres], delta, 0, O)
-            new = st[F][:, k0:k1]
-            st[rk] += float(st[lam] @ np.einsum("ij,ij->i", delta, 2.0 * new - delta))
-            parts["delta"] = delta
-            out["loss"] = float(st[res] @ st[res])
-            out["loss_valid"] = float(st[vres] @ st[vres])
+        match plan:
+            case CCDInitPlan():
+                self._init_stats(st, out)
+            case CCDWPlan():
+                self._update_block(st, plan, ("rows", "vrows", "er", "evr", "W", "lam_rows",
+                                              "regW"), out, parts)
+            case CCDHPlan():
+                self._update_block(st, plan, ("cols", "vcols", "ec", "evc", "H", "lam_cols",
+                                              "regH"), out, parts)
         out["reg"] = st["regW"] + st["regH"]
         # this partition's part of the block the next round needs, after this round's update
         parts["next"] = np.array((st["W"] if side == "W" else st["H"])[:, a:b])
-        st["inbox"].setdefault(plan["round"], {})[st["k"]] = parts
+        st["inbox"].setdefault(plan.round, {})[st["k"]] = parts
         return Sends(out, {q: parts for q in range(st["P"]) if q != st["k"]})
 
+    @staticmethod
+    def _update_block(st, plan: CCDBlockPlan, names, out, parts) -> None:
+        """Exact CCD on the plan's coordinates of one side (W: ``names`` of the row copy,
+        H: of the column copy)."""
+        data, vdata, res, vres, F, lam, rk = names
+        k0, k1 = plan.k0, plan.k1
+        indptr, indices, _ = st[data]
+        O = st["O"]
+        delta = np.empty((indptr.shape[0] - 1, k1 - k0))
+        kernels.ccd_block_update(indptr, indices, st[res], st[F], k0, O, st[lam], delta)
+        vp, vi, _ = st[vdata]
+        kernels.subtract_lowrank(vp, vi, st[vres], delta, 0, O)
+        new = st[F][:, k0:k1]
+        st[rk] += float(st[lam] @ np.einsum("ij,ij->i", delta, 2.0 * new - delta))
+        parts["delta"] = delta
+        out["loss"] = float(st[res] @ st[res])
+        out["loss_valid"] = float(st[vres] @ st[vres])
+
     def apply(self, st, update) -> None:
-        kind = update["kind"]
-        got = st["inbox"].pop(update["round"])
+        if not isinstance(update, _CCD_UPDATES):
+            raise unexpected(self, "an update", update, _CCD_UPDATES)
+        got = st["inbox"].pop(update.round)
         if len(got) != st["P"]:
-            raise RuntimeError(f"partition {st['k']}: round {update['round']} has the blocks "
+            raise RuntimeError(f"partition {st['k']}: round {update.round} has the blocks "
                                f"of {sorted(got)}, expected all {st['P']} partitions")
         st["O"] = self._joined(got, "next")
-        if kind == "init":
-            mu = update["mean"]
-            if mu != 0.0:
-                for res in ("er", "ec", "evr", "evc"):
-                    st[res] -= mu
-            return
-        k0, _ = update["k"]
+        match update:
+            case CCDInitUpdate(mean=mu):
+                if mu != 0.0:
+                    for res in ("er", "ec", "evr", "evc"):
+                        st[res] -= mu
+                return
+            case CCDWUpdate():  # users changed: bring the column copies up to date
+                pairs, F = (("cols", "ec"), ("vcols", "evc")), st["H"]
+            case CCDHUpdate():
+                pairs, F = (("rows", "er"), ("vrows", "evr")), st["W"]
+        k0, _ = update.k
         delta = self._joined(got, "delta")
-        if kind == "W":  # users changed: bring the column copies up to date
-            pairs, F = (("cols", "ec"), ("vcols", "evc")), st["H"]
-        else:
-            pairs, F = (("rows", "er"), ("vrows", "evr")), st["W"]
         for data, res in pairs:
             indptr, indices, _ = st[data]
             kernels.subtract_lowrank(indptr, indices, st[res], F, k0, delta)
@@ -428,11 +559,17 @@ class CCDPPProgram(_MFBase):
                 "end": pos == self.rounds_per_iter - 1}
 
     def schedule(self, round: int) -> list:
-        plan = dict(self.round_info(round), round=round)
-        return [plan] * self.driver["n_partitions"]
+        info = self.round_info(round)
+        if info["phase"] == "init":
+            plan = PPInitPlan(round=round, iteration=info["iteration"], t=info["t"])
+        else:
+            plan = PPFeaturePlan(round=round, iteration=info["iteration"], t=info["t"],
+                                 inner_pass=info["pass"], feature_end=info["feature_end"],
+                                 next_t=info["next_t"], end=info["end"])
+        return [plan] * self.driver.n_partitions
 
     def ring_inbox(self, round):
-        P = self.driver["n_partitions"]
+        P = self.driver.n_partitions
         return [P - 1] * P
 
     def batch_rounds(self, round: int) -> int:
@@ -468,26 +605,26 @@ class CCDPPProgram(_MFBase):
         dr = self.driver
         info = self.round_info(round)
         if info["phase"] == "init":
-            loss, vloss = self._init_pull(partials, {})
-            dr["lam_cols"] = self._lam_cols(partials)
-            dr["regH"] = float(dr["lam_cols"] @ self._gather_items(partials, "h_sqnorm"))
-            self._record(info, loss, vloss, dr["regH"])
+            loss, vloss = self._init_pull(partials)
+            dr.lam_cols = self._lam_cols(partials)
+            dr.regH = float(dr.lam_cols @ self._gather_items(partials, "h_sqnorm"))
+            self._record(info, loss, vloss, dr.regH)
             return None
-        num, den, h = self._solve(partials, dr["lam_cols"])
+        num, den, h = self._solve(partials, dr.lam_cols)
         h_old = self._gather_items(partials, "h_t")
-        dr["regH"] += float(dr["lam_cols"] @ (h * h - h_old * h_old))
+        dr.regH += float(dr.lam_cols @ (h * h - h_old * h_old))
         hh = h * h
         # sum (e^ - w h)^2 = sum e^2 - 2 h.num + h^2.den
         loss = float(sum(p["sq"] for p in partials)) - 2.0 * float(h @ num) + float(hh @ den)
-        if dr["nnz_valid"]:
+        if dr.nnz_valid:
             vn = np.sum([p["vnum"] for p in partials], axis=0)
             vd = np.sum([p["vden"] for p in partials], axis=0)
             vloss = (float(sum(p["vsq"] for p in partials)) - 2.0 * float(h @ vn)
                      + float(hh @ vd))
         else:
             vloss = 0.0
-        dr["last_h"] = (info["t"], h)  # the item column just solved (absorbed next round)
-        self._record(info, loss, vloss, float(sum(p["regW"] for p in partials)) + dr["regH"])
+        dr.last_h = (info["t"], h)  # the item column just solved (absorbed next round)
+        self._record(info, loss, vloss, float(sum(p["regW"] for p in partials)) + dr.regH)
         return None
 
     def partition_nbytes(self, spec):
@@ -549,15 +686,24 @@ class CCDPPProgram(_MFBase):
                 st["hfull"] = h
 
     def push(self, st, plan):
-        t, rnd = plan["t"], plan["round"]
+        if not isinstance(plan, _PP_PLANS):
+            raise unexpected(self, "a plan", plan, _PP_PLANS)
+        t, rnd = plan.t, plan.round
         self._absorb(st, before=rnd)
         out = {"h_t": st["Ht"][t].copy()}  # own items' current values of feature t
-        if plan["phase"] == "init":
-            self._init_stats(st, out)
-            out["item_counts"] = np.bincount(st["rows"][1], minlength=self.dataset.shape[1])
-            out["h_sqnorm"] = np.einsum("ij,ij->j", st["Ht"], st["Ht"])
-            msg = {k: out[k] for k in ("count", "sum", "item_counts", "h_t")}
-            return self._share(st, rnd, out, msg)
+        match plan:
+            case PPInitPlan():
+                self._init_stats(st, out)
+                out["item_counts"] = np.bincount(st["rows"][1],
+                                                 minlength=self.dataset.shape[1])
+                out["h_sqnorm"] = np.einsum("ij,ij->j", st["Ht"], st["Ht"])
+                msg = {k: out[k] for k in ("count", "sum", "item_counts", "h_t")}
+                return self._share(st, rnd, out, msg)
+            case PPFeaturePlan():
+                return self._feature_pass(st, plan, t, rnd, out)
+
+    def _feature_pass(self, st, plan: PPFeaturePlan, t: int, rnd: int, out: dict):
+        """The rank-one pass of feature ``t`` over this partition's users."""
         n_items = self.dataset.shape[1]
         indptr, indices, _ = st["rows"]
         f = np.empty(indptr.shape[0] - 1)
@@ -584,8 +730,8 @@ class CCDPPProgram(_MFBase):
         st["regW"] += float(st["lam_rows"] @ (f * f - old * old))
         out.update(num=num, den=den, sq=sq, regW=st["regW"])
         msg = {"num": num, "den": den}
-        if plan["feature_end"] and plan["next_t"] != t:
-            msg["h_next"] = st["Ht"][plan["next_t"]].copy()
+        if plan.feature_end and plan.next_t != t:
+            msg["h_next"] = st["Ht"][plan.next_t].copy()
         return self._share(st, rnd, out, msg)
 
     @staticmethod

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import numpy as np
 
-from .program import Broadcast
+from .program import Broadcast, Message
 
 
 def payload_nbytes(obj) -> int:
-    """Bytes of array data in a message (numpy arrays, nested in dicts/lists/tuples).
+    """Bytes of array data in a message (numpy arrays, nested in dicts/lists/tuples and
+    `Message` dataclasses).
 
-    Scalars and small metadata count 8 bytes each; this matches what Dask serialises for the
-    array buffers, which dominate every dmp message.
+    Scalars and small metadata count 8 bytes each, and so does a `Message`'s type; this
+    matches what Dask serialises for the array buffers, which dominate every dmp message.
     """
     if obj is None:
         return 0
@@ -23,6 +26,8 @@ def payload_nbytes(obj) -> int:
         return sum(payload_nbytes(v) for v in obj)
     if isinstance(obj, Broadcast):
         return payload_nbytes(obj.value)
+    if isinstance(obj, Message):
+        return 8 + sum(payload_nbytes(getattr(obj, f.name)) for f in fields(obj))
     if isinstance(obj, (bytes, bytearray)):
         return len(obj)
     return 8

@@ -94,8 +94,8 @@ class FitEvents:
 
     Parameters
     ----------
-    backend : backend object
-        Needs ``log_event(msg, wait=False)``; a Dask backend also ``register_monitor()``.
+    backend : Backend
+        Events go through its ``log_event`` when it ``sends_events`` (`Backend`).
     program : Program
         Its ``name`` and its primary metric (`primary_of`) are reported.
     desc : str
@@ -112,7 +112,7 @@ class FitEvents:
         self.params = params or {}
         self.max_iter = max_iter
         self.fit_id = f"{desc}-{uuid.uuid4().hex[:8]}"
-        self.enabled = monitor_enabled() and hasattr(backend, "client")
+        self.enabled = monitor_enabled() and bool(backend.sends_events)
 
     def _send(self, kind: str, wait: bool = False, **fields) -> None:
         if self.enabled:
@@ -128,9 +128,7 @@ class FitEvents:
     def start(self) -> None:
         if not self.enabled:
             return
-        register = getattr(self.backend, "register_monitor", None)
-        if register is not None:
-            register()
+        self.backend.register_monitor()
         n = self.backend.n_partitions
         primary, direction = primary_of(self.program)
         self._send("fit_start", estimator=self.desc, params=self.params,
@@ -142,7 +140,7 @@ class FitEvents:
 
     def _workers(self) -> list[str]:
         """The worker (name) of each partition, as placed now."""
-        return [str(w) for w in getattr(self.backend, "placement", []) or []]
+        return [str(w) for w in self.backend.placement or []]
 
     def round(self, rec: dict) -> None:
         self._send_round(rec)

@@ -9,14 +9,56 @@ owns.  One round of the runner is::
     update   = program.pull(round, partials)           # driver: reduce, new values, barrier
     program.apply(state_k, update)                     # every partition, before its next push
 
-Driver-side attributes live in ``self.driver`` (a dict), which is never pickled: the program
-object shipped to workers carries only configuration (dataset URL, hyper-parameters).
+Driver-side attributes live in ``self.driver`` (a dict, or a `DriverState` dataclass), which
+is never pickled: the program object shipped to workers carries only configuration (dataset
+URL, hyper-parameters).  Plans, partial results and updates may be `Message` dataclasses,
+one class per kind, which ``push``, ``apply`` and ``pull`` dispatch on with ``match``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+
+class Message:
+    """Base of a program's typed plans, partial results and updates (dataclasses defined at
+    module level, so that the workers unpickle them by name).
+
+    Byte accounting (`dmp.engine.comm.payload_nbytes`) counts a message's fields and one
+    scalar for its type, as it counts a dict's values and its ``"kind"`` tag.
+    """
+
+    __slots__ = ()
+
+
+def unexpected(program, what: str, message, expected: tuple[type, ...]) -> TypeError:
+    """The error of a ``match`` over messages that meets none of the types it handles
+    (``what``: "a plan", "an update", ...)."""
+    names = ", ".join(t.__name__ for t in expected)
+    return TypeError(f"{type(program).__name__} got {what} of type "
+                     f"{type(message).__name__}; it handles {names}")
+
+
+class DriverState:
+    """Base of a program's typed driver state (a dataclass with one field per variable).
+
+    ``state["name"]`` reads field ``name`` and ``state.get("name", default)`` reads it, or
+    ``default`` while it is None (not set yet), as they read the dict that drivers were
+    before.
+    """
+
+    __slots__ = ()
+
+    def __getitem__(self, name: str):
+        try:
+            return getattr(self, name)
+        except AttributeError:
+            raise KeyError(name) from None
+
+    def get(self, name: str, default=None):
+        value = getattr(self, name, None)
+        return default if value is None else value
 
 
 @dataclass(frozen=True)
@@ -107,6 +149,10 @@ class Program:
 
     def converged(self) -> bool:
         return False
+
+    def progress_postfix(self) -> dict:
+        """What the progress bar shows after each round (e.g. the objective); default none."""
+        return {}
 
     def driver_state(self) -> dict:
         """Arrays and JSON scalars that restore the driver on resume."""

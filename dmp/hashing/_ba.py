@@ -237,7 +237,7 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
 
     def _prepare_in_memory(self, fit):
         X, P, fit.held = fit.X, fit.n_partitions, {}
-        if _is_dask(X) and fit.backend.kind != "local" and not fit.arrivals:
+        if _is_dask(X) and fit.backend.needs_store and not fit.arrivals:
             # the workers read a store written block by block: X never lands whole here
             if len(X.shape) != 2 or X.shape[0] < P:
                 raise ValueError(f"X must be 2-D with at least {P} points (one per worker), "

@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine.program import Broadcast, Program, Sends
+from ..engine.program import Broadcast, DriverState, Message, Program, Sends, unexpected
 from ._itq import procrustes
 from ._retrieval import hamming_search, pack_codes, retrieval_precision
 from ._wstep import decoder_normal_equations, sgd_linear, sgd_svm, solve_decoder
@@ -80,6 +81,122 @@ def reconstruction_error(Xs, Z, B, b) -> float:
         res = Xs[r:r + _ROWS] - (Z[r:r + _ROWS] @ B.T + b)
         total += float(np.einsum("ij,ij->", res, res))
     return total
+
+
+# ====================================================================== plans
+@dataclass(frozen=True)
+class StatsPlan(Message):
+    """Sums, Gram matrix and range of the partition's raw points."""
+
+    round: int
+
+
+@dataclass(frozen=True)
+class ITQPlan(Message):
+    """One ITQ rotation step's partial sums."""
+
+    round: int
+
+
+@dataclass(frozen=True)
+class InitPlan(Message):
+    """Start the model from the ITQ encoder ``(A, a)``; the decoder's normal equations."""
+
+    round: int
+    encoder: tuple
+
+
+@dataclass(frozen=True)
+class RestorePlan(Message):
+    """After a worker loss: the model, the Z step's ``mu`` (None: codes ``h(x)``) and the
+    scaling settings from the driver's copies."""
+
+    round: int
+    model: dict
+    mu: float | None
+    settings: dict
+
+
+@dataclass(frozen=True)
+class HopPlan(Message):
+    """W step: train the held group of submodels, pass it on around the ring."""
+
+    round: int
+    hop: int
+    iteration: int
+    #: (partition, shards) that join the data before this hop
+    join: tuple | None = None
+
+
+@dataclass(frozen=True)
+class SpreadPlan(Message):
+    """Pass the submodels on until every partition holds the whole model."""
+
+    round: int
+
+
+@dataclass(frozen=True)
+class CheckPlan(Message):
+    """Errors, penalty and a digest of the partition's model (the model from partition 0)."""
+
+    round: int
+
+
+@dataclass(frozen=True)
+class ZPlan(Message):
+    """Z step with penalty ``mu``; the decoder's normal equations of the new codes."""
+
+    round: int
+    mu: float
+
+
+_PLANS = (StatsPlan, ITQPlan, InitPlan, RestorePlan, HopPlan, SpreadPlan, CheckPlan, ZPlan)
+
+
+@dataclass
+class ParMACDriver(DriverState):
+    """The driver's state of `ParMACProgram`."""
+
+    P: int
+    #: what the next round does ("stats", "itq", "init", "hop", "spread", "check", "z",
+    #: "restore")
+    phase: str = "stats"
+    #: ITQ steps done, the MAC iteration, the hop in the W step
+    itq: int = 0
+    iteration: int = 0
+    hop: int = 0
+    #: the model after the last Z step, and that step's mu
+    model: dict | None = field(default=None, repr=False)
+    z_mu: float | None = None
+    #: one record per MAC iteration, and the one being written
+    records: list = field(default_factory=list)
+    cur: dict = field(default_factory=dict)
+    #: the model with the best validation precision, its precision and iteration
+    best_prec: float = math.nan
+    best: dict | None = field(default=None, repr=False)
+    best_iteration: int | None = None
+    init_precision: float | None = None
+    #: the model the last check round brought back
+    candidate: dict | None = field(default=None, repr=False)
+    done: bool = False
+    stop_reason: str = ""
+    #: points per partition, and in all
+    rows: list | None = None
+    n: int | None = None
+    t_phase: float = 0.0
+    E_BA: float = math.nan
+    #: (phase, iteration) of the last pulled round
+    tag: tuple | None = None
+    #: the data's statistics (the stats round) and the ITQ encoder
+    lo: np.ndarray | None = field(default=None, repr=False)
+    scale: float | None = None
+    mean: np.ndarray | None = field(default=None, repr=False)
+    W_pca: np.ndarray | None = field(default=None, repr=False)
+    R: np.ndarray | None = field(default=None, repr=False)
+    cov: np.ndarray | None = field(default=None, repr=False)
+    encoder0: tuple | None = field(default=None, repr=False)
+    #: what a re-created partition needs besides the model
+    settings: dict | None = field(default=None, repr=False)
 
 
 class ParMACProgram(Program):
@@ -227,7 +344,7 @@ class ParMACProgram(Program):
             return
         m = s["model"]
         enc, dec = self._groups(s["P"])
-        rng = np.random.default_rng([self.seed, 3, plan["iteration"], plan["hop"], s["p"]])
+        rng = np.random.default_rng([self.seed, 3, plan.iteration, plan.hop, s["p"]])
         order = minibatch_order(len(Xs), self.batch_size, rng)
         idx = enc[g]
         if len(idx):
@@ -291,73 +408,78 @@ class ParMACProgram(Program):
         s["Z"] = np.concatenate([s["Z"], encode_rows(Xs, m["A"], m["a"])])
 
     def push(self, s, plan):
-        kind, round = plan["kind"], plan["round"]
+        if not isinstance(plan, _PLANS):
+            raise unexpected(self, "a plan", plan, _PLANS)
+        round = plan.round
         t0 = time.perf_counter()
-        if kind == "stats":
-            X = s["X"].astype(np.float64)
-            return {"n": len(X), "sum": X.sum(axis=0), "gram": X.T @ X,
-                    "min": X.min(axis=0), "max": X.max(axis=0)}
-        if kind == "restore":
-            self.apply(s, plan["settings"])
+        match plan:
+            case StatsPlan():
+                X = s["X"].astype(np.float64)
+                return {"n": len(X), "sum": X.sum(axis=0), "gram": X.T @ X,
+                        "min": X.min(axis=0), "max": X.max(axis=0)}
+            case RestorePlan():
+                self.apply(s, plan.settings)
         Xs = self._scale(s)
-        if kind == "itq":
-            if s["V"] is None:
-                s["V"] = (Xs - s["mean"]) @ s["W_pca"]
-            V = s["V"]
-            C = V.T @ np.where(V @ s["R"] >= 0, 1.0, -1.0)
-            return {"C": C}
-        if kind == "init":
-            s["V"] = None
-            A, a = plan["encoder"]
-            L, D = self.n_bits, self.n_features
-            s["model"] = {"A": np.array(A, dtype=np.float64), "a": np.array(a, dtype=np.float64),
-                          "ta": np.zeros(L, dtype=np.int64), "B": np.zeros((D, L)),
-                          "b": np.zeros(D), "tb": np.zeros(D, dtype=np.int64)}
-            s["Z"] = encode_rows(Xs, s["model"]["A"], s["model"]["a"])
-            return self._decoder_sums(s)
-        if kind == "restore":
-            s["model"] = {k: np.array(v) for k, v in plan["model"].items()}
-            m = s["model"]
-            H = encode_rows(Xs, m["A"], m["a"])
-            s["Z"] = H if plan["mu"] is None else z_step(
-                Xs, m["B"], m["b"], H, plan["mu"], method=self.z_method)
-            return self._decoder_sums(s)
         P, p = s["P"], s["p"]
         dest = (p - 1) % P
-        if kind == "hop":
-            h = plan["hop"]
-            if h == 0:
-                if plan.get("join") and plan["join"][0] == p:
-                    self._join(s, plan["join"][1])
-                g = p
-            else:
+        match plan:
+            case ITQPlan():
+                if s["V"] is None:
+                    s["V"] = (Xs - s["mean"]) @ s["W_pca"]
+                V = s["V"]
+                C = V.T @ np.where(V @ s["R"] >= 0, 1.0, -1.0)
+                return {"C": C}
+            case InitPlan():
+                s["V"] = None
+                A, a = plan.encoder
+                L, D = self.n_bits, self.n_features
+                s["model"] = {"A": np.array(A, dtype=np.float64),
+                              "a": np.array(a, dtype=np.float64),
+                              "ta": np.zeros(L, dtype=np.int64), "B": np.zeros((D, L)),
+                              "b": np.zeros(D), "tb": np.zeros(D, dtype=np.int64)}
+                s["Z"] = encode_rows(Xs, s["model"]["A"], s["model"]["a"])
+                return self._decoder_sums(s)
+            case RestorePlan():
+                s["model"] = {k: np.array(v) for k, v in plan.model.items()}
+                m = s["model"]
+                H = encode_rows(Xs, m["A"], m["a"])
+                s["Z"] = H if plan.mu is None else z_step(
+                    Xs, m["B"], m["b"], H, plan.mu, method=self.z_method)
+                return self._decoder_sums(s)
+            case HopPlan():
+                h = plan.hop
+                if h == 0:
+                    if plan.join and plan.join[0] == p:
+                        self._join(s, plan.join[1])
+                    g = p
+                else:
+                    g = self._take_inbox(s, round)
+                    if g is None:
+                        raise RuntimeError(f"partition {p}: no submodels arrived for hop {h}")
+                want = (p + h) % P
+                if g != want:
+                    raise RuntimeError(f"partition {p} holds group {g} in hop {h}, expected "
+                                       f"{want}")
+                self._train_group(s, g, plan)
+                return Sends({"n": len(s["Xs"]), "train_s": time.perf_counter() - t0},
+                             {dest: (g, self._group_payload(s, g))})
+            case SpreadPlan():
                 g = self._take_inbox(s, round)
-                if g is None:
-                    raise RuntimeError(f"partition {p}: no submodels arrived for hop {h}")
-            want = (p + h) % P
-            if g != want:
-                raise RuntimeError(f"partition {p} holds group {g} in hop {h}, expected {want}")
-            self._train_group(s, g, plan)
-            return Sends({"n": len(s["Xs"]), "train_s": time.perf_counter() - t0},
-                         {dest: (g, self._group_payload(s, g))})
-        if kind == "spread":
-            g = self._take_inbox(s, round)
-            return Sends({}, {dest: (g, self._group_payload(s, g))})
-        if kind == "check":
-            self._take_inbox(s, round)
-            m = s["model"]
-            H = encode_rows(Xs, m["A"], m["a"])
-            out = {"E_BA": reconstruction_error(Xs, H, m["B"], m["b"]),
-                   "penalty": int(np.count_nonzero(H != s["Z"])),
-                   "digest": _digest(m)}
-            if p == 0:
-                out["model"] = {k: m[k].copy() for k in ("A", "a", "B", "b", "ta", "tb")}
-            return out
-        if kind == "z":
-            out = self._z_round(s, plan["mu"])
-            out["z_s"] = time.perf_counter() - t0
-            return out
-        raise ValueError(f"unknown plan kind {kind!r}")
+                return Sends({}, {dest: (g, self._group_payload(s, g))})
+            case CheckPlan():
+                self._take_inbox(s, round)
+                m = s["model"]
+                H = encode_rows(Xs, m["A"], m["a"])
+                out = {"E_BA": reconstruction_error(Xs, H, m["B"], m["b"]),
+                       "penalty": int(np.count_nonzero(H != s["Z"])),
+                       "digest": _digest(m)}
+                if p == 0:
+                    out["model"] = {k: m[k].copy() for k in ("A", "a", "B", "b", "ta", "tb")}
+                return out
+            case ZPlan():
+                out = self._z_round(s, plan.mu)
+                out["z_s"] = time.perf_counter() - t0
+                return out
 
     # ================================================================== driver side
     def partition_specs(self, n_partitions):
@@ -379,46 +501,48 @@ class ParMACProgram(Program):
             self.n_features, self.n_bits)
 
     def start(self, n_partitions):
-        self.driver = {"P": n_partitions, "phase": "stats", "itq": 0, "iteration": 0,
-                       "hop": 0, "model": None, "z_mu": None, "records": [], "cur": {},
-                       "best_prec": math.nan, "best": None, "done": False,
-                       "stop_reason": "", "rows": None,
-                       "t_phase": time.perf_counter(), "E_BA": math.nan}
-        self.driver["rows"] = [sp["rows"] for sp in self.partition_specs(n_partitions)]
+        self.driver = ParMACDriver(P=n_partitions, t_phase=time.perf_counter())
+        self.driver.rows = [sp["rows"] for sp in self.partition_specs(n_partitions)]
 
     def after_loss(self):
         """Continue after the partitions were re-created: restore the model from the
         driver's copy and start the interrupted iteration over (None: before the model
         existed, start over)."""
         dr = self.driver
-        if dr.get("model") is None:
+        if dr.model is None:
             return False
-        dr["phase"] = "restore"
+        dr.phase = "restore"
         return True
 
     def schedule(self, round):
         dr = self.driver
-        P = dr["P"]
-        phase = dr["phase"]
-        if phase == "restore":
-            plan = {"kind": "restore", "round": round, "model": dr["model"],
-                    "mu": dr["z_mu"], "settings": dr["settings"]}
-            return [plan] * P
-        if phase in ("stats", "itq", "check"):
-            return [{"kind": phase, "round": round}] * P
-        if phase == "init":
-            return [{"kind": "init", "round": round, "encoder": dr["encoder0"]}] * P
-        it = dr["iteration"]
-        if phase == "hop":
-            plan = {"kind": "hop", "round": round, "hop": dr["hop"], "iteration": it}
-            if dr["hop"] == 0 and it in self.arrivals:
-                plan["join"] = (int(np.argmin(dr["rows"])), self.arrivals[it])
-            return [plan] * P
-        if phase == "spread":
-            return [{"kind": "spread", "round": round}] * P
-        if phase == "z":
-            return [{"kind": "z", "round": round, "mu": self.mu(it)}] * P
-        raise RuntimeError(f"unknown phase {phase!r}")
+        P = dr.P
+        phase = dr.phase
+        it = dr.iteration
+        match phase:
+            case "restore":
+                plan = RestorePlan(round=round, model=dr.model, mu=dr.z_mu,
+                                   settings=dr.settings)
+            case "stats":
+                plan = StatsPlan(round)
+            case "itq":
+                plan = ITQPlan(round)
+            case "check":
+                plan = CheckPlan(round)
+            case "init":
+                plan = InitPlan(round=round, encoder=dr.encoder0)
+            case "hop":
+                join = None
+                if dr.hop == 0 and it in self.arrivals:
+                    join = (int(np.argmin(dr.rows)), self.arrivals[it])
+                plan = HopPlan(round=round, hop=dr.hop, iteration=it, join=join)
+            case "spread":
+                plan = SpreadPlan(round)
+            case "z":
+                plan = ZPlan(round=round, mu=self.mu(it))
+            case _:
+                raise RuntimeError(f"unknown phase {phase!r}")
+        return [plan] * P
 
     def needs_barrier(self, round):
         return True
@@ -442,11 +566,11 @@ class ParMACProgram(Program):
         rng = np.random.default_rng([self.seed, 4])
         R, _ = np.linalg.qr(rng.standard_normal((self.n_bits, self.n_bits)))
         sq = float(np.trace(cov) + mean @ mean)     # mean ||x||^2 of the scaled points
-        dr.update(n=n, lo=lo, scale=scale, mean=mean, W_pca=W_pca, R=R, cov=cov)
+        dr.n, dr.lo, dr.scale, dr.mean, dr.W_pca, dr.R, dr.cov = n, lo, scale, mean, W_pca, R, cov
         # what a re-created partition needs besides the model (after a worker loss)
-        dr["settings"] = {"lo": lo, "scale": scale, "eta_enc": 1.0 / (sq + 1.0),
+        dr.settings = {"lo": lo, "scale": scale, "eta_enc": 1.0 / (sq + 1.0),
                           "eta_dec": 1.0 / (self.n_bits / 2 + 1.0)}
-        return {"mean": mean, "W_pca": W_pca, "R": R, **dr["settings"]}
+        return {"mean": mean, "W_pca": W_pca, "R": R, **dr.settings}
 
     def _solve(self, partials):
         G = np.sum([q["G"] for q in partials], axis=0)
@@ -460,112 +584,112 @@ class ParMACProgram(Program):
         Q, Db, truth = self._validation
         dr = self.driver
         A, a = model["A"], model["a"]
-        cq = pack_codes(encode_rows((Q - dr["lo"]) / dr["scale"], A, a))
-        cd = pack_codes(encode_rows((Db - dr["lo"]) / dr["scale"], A, a))
+        cq = pack_codes(encode_rows((Q - dr.lo) / dr.scale, A, a))
+        cd = pack_codes(encode_rows((Db - dr.lo) / dr.scale, A, a))
         found, _ = hamming_search(cq, cd, truth.shape[1], self.n_bits)
         return retrieval_precision(found, truth)[0]
 
     def _start_iteration(self):
-        """The next round is the first hop of ``driver["iteration"]``: a new record."""
+        """The next round is the first hop of ``driver.iteration``: a new record."""
         dr = self.driver
-        dr["phase"], dr["hop"] = "hop", 0
-        dr["cur"] = {"iteration": dr["iteration"], "mu": self.mu(dr["iteration"]),
+        dr.phase, dr.hop = "hop", 0
+        dr.cur = {"iteration": dr.iteration, "mu": self.mu(dr.iteration),
                      "w_s": 0.0, "z_s": 0.0, "check_s": 0.0}
-        dr["t_phase"] = time.perf_counter()
+        dr.t_phase = time.perf_counter()
 
     def _close_phase(self, key):
         dr = self.driver
         now = time.perf_counter()
-        dr["cur"][key] = dr["cur"].get(key, 0.0) + now - dr["t_phase"]
-        dr["t_phase"] = now
+        dr.cur[key] = dr.cur.get(key, 0.0) + now - dr.t_phase
+        dr.t_phase = now
 
     def pull(self, round, partials):
         dr = self.driver
-        P = dr["P"]
-        phase = dr["phase"]
-        dr["tag"] = (phase, dr["iteration"])
+        P = dr.P
+        phase = dr.phase
+        dr.tag = (phase, dr.iteration)
         if phase == "stats":
             upd = self._stats(partials)
-            dr["phase"] = "itq" if self.itq_iter > 0 else "init"
+            dr.phase = "itq" if self.itq_iter > 0 else "init"
             if self.itq_iter == 0:
                 self._init_encoder()
             return Broadcast(upd)
         if phase == "itq":
-            dr["R"] = procrustes(np.sum([q["C"] for q in partials], axis=0))
-            dr["itq"] += 1
-            if dr["itq"] >= self.itq_iter:
+            dr.R = procrustes(np.sum([q["C"] for q in partials], axis=0))
+            dr.itq += 1
+            if dr.itq >= self.itq_iter:
                 self._init_encoder()
-                dr["phase"] = "init"
-            return Broadcast({"R": dr["R"]})
+                dr.phase = "init"
+            return Broadcast({"R": dr.R})
         if phase in ("init", "restore"):
             B, b = self._solve(partials)
             if phase == "init":
-                A, a = dr["encoder0"]
+                A, a = dr.encoder0
                 L, D = self.n_bits, self.n_features
-                dr["model"] = {"A": A, "a": a, "B": B, "b": b, "ta": np.zeros(L, np.int64),
+                dr.model = {"A": A, "a": a, "B": B, "b": b, "ta": np.zeros(L, np.int64),
                                "tb": np.zeros(D, np.int64)}
-                dr["best_prec"] = dr["init_precision"] = self.validation_precision(
-                    dr["model"])
-                dr["best"], dr["best_iteration"] = dr["model"], -1
+                dr.best_prec = dr.init_precision = self.validation_precision(
+                    dr.model)
+                dr.best, dr.best_iteration = dr.model, -1
             self._start_iteration()
             # the SGD decoder starts from the exact one, then keeps its own state
             if phase == "init" or self.decoder == "exact":
                 return Broadcast({"decoder": (B, b)})
             return None
         if phase == "hop":
-            dr["hop"] += 1
-            if dr["hop"] == 1 and self.arrivals.get(dr["iteration"]):
-                j = int(np.argmin(dr["rows"]))
-                dr["rows"][j] = partials[j]["n"]
-                dr["n"] = sum(dr["rows"])
-            dr["cur"]["train_s"] = dr["cur"].get("train_s", 0.0) + max(
+            dr.hop += 1
+            if dr.hop == 1 and self.arrivals.get(dr.iteration):
+                j = int(np.argmin(dr.rows))
+                dr.rows[j] = partials[j]["n"]
+                dr.n = sum(dr.rows)
+            dr.cur["train_s"] = dr.cur.get("train_s", 0.0) + max(
                 q["train_s"] for q in partials)
-            if dr["hop"] == self.n_epochs * P:
-                dr["phase"] = "spread" if P > 1 else "check"
-                dr["hop"] = 1
+            if dr.hop == self.n_epochs * P:
+                dr.phase = "spread" if P > 1 else "check"
+                dr.hop = 1
                 if P == 1:
                     self._close_phase("w_s")
             return None
         if phase == "spread":
-            dr["hop"] += 1
-            if dr["hop"] == P:
-                dr["phase"] = "check"
+            dr.hop += 1
+            if dr.hop == P:
+                dr.phase = "check"
                 self._close_phase("w_s")
             return None
         if phase == "check":
             digests = {q["digest"] for q in partials}
             model = partials[0]["model"]
             prec = self.validation_precision(model)
-            cur = dr["cur"]
-            cur.update(E_BA=sum(q["E_BA"] for q in partials) / dr["n"],
+            cur = dr.cur
+            cur.update(E_BA=sum(q["E_BA"] for q in partials) / dr.n,
                        penalty_w=sum(q["penalty"] for q in partials),
                        precision=prec, identical=len(digests) == 1)
-            dr["E_BA"] = cur["E_BA"]
-            dr["candidate"] = model
+            dr.E_BA = cur["E_BA"]
+            dr.candidate = model
             # the validation check: keep the model with the best validation precision
-            if not prec <= dr["best_prec"]:
-                dr["best_prec"], dr["best"] = prec, model
-                dr["best_iteration"] = dr["iteration"]
-            dr["phase"] = "z"
+            if not prec <= dr.best_prec:
+                dr.best_prec, dr.best = prec, model
+                dr.best_iteration = dr.iteration
+            dr.phase = "z"
             self._close_phase("check_s")
             return None
         if phase == "z":
-            it = dr["iteration"]
-            dr["model"] = dr["candidate"]
-            dr["z_mu"] = self.mu(it)
-            cur = dr["cur"]
+            it = dr.iteration
+            dr.model = dr.candidate
+            dr.z_mu = self.mu(it)
+            cur = dr.cur
             pen = sum(q["penalty"] for q in partials)
-            cur.update(E_Q=sum(q["E_Q"] for q in partials) / dr["n"], penalty=pen,
+            cur.update(E_Q=sum(q["E_Q"] for q in partials) / dr.n, penalty=pen,
                        changed=sum(q["changed"] for q in partials))
             self._close_phase("z_s")
-            dr["records"].append(dict(cur))
+            dr.records.append(dict(cur))
             B, b = self._solve(partials)
-            dr["iteration"] += 1
-            arriving = any(i >= dr["iteration"] for i in self.arrivals)
+            dr.iteration += 1
+            arriving = any(i >= dr.iteration for i in self.arrivals)
             if pen == 0 and not arriving:
-                dr["done"], dr["stop_reason"] = True, "Z = h(X)"
-            elif dr["iteration"] >= self.max_mac_iter:
-                dr["done"], dr["stop_reason"] = True, "schedule ended"
+                dr.done, dr.stop_reason = True, "Z = h(X)"
+            elif dr.iteration >= self.max_mac_iter:
+                dr.done, dr.stop_reason = True, "schedule ended"
             self._start_iteration()
             if self.decoder == "exact":
                 return Broadcast({"decoder": (B, b)})
@@ -574,27 +698,27 @@ class ParMACProgram(Program):
 
     def _init_encoder(self):
         dr = self.driver
-        proj = dr["W_pca"] @ dr["R"]                   # (D, L)
+        proj = dr.W_pca @ dr.R                   # (D, L)
         if self.init_margin is not None:
             # the same hyperplanes, scaled so that each bit's A x + a has standard deviation
             # init_margin: unit-norm ITQ directions on [0, 1]-scaled data put nearly every
             # point inside the SVM's unit margin, and the first W step's SGD then turns the
             # hyperplanes towards the class means instead of keeping the ITQ codes
-            sd = np.sqrt(np.maximum(np.einsum("dl,de,el->l", proj, dr["cov"], proj), 1e-300))
+            sd = np.sqrt(np.maximum(np.einsum("dl,de,el->l", proj, dr.cov, proj), 1e-300))
             proj = proj * (self.init_margin / sd)
-        dr["encoder0"] = (np.ascontiguousarray(proj.T), -dr["mean"] @ proj)
+        dr.encoder0 = (np.ascontiguousarray(proj.T), -dr.mean @ proj)
 
     def metrics(self):
         dr = self.driver
-        phase, it = dr.get("tag", ("stats", 0))
-        return {"phase": phase, "iteration": it, "E_BA": dr["E_BA"],
-                "precision": dr["records"][-1]["precision"] if dr["records"] else math.nan}
+        phase, it = dr.tag or ("stats", 0)
+        return {"phase": phase, "iteration": it, "E_BA": dr.E_BA,
+                "precision": dr.records[-1]["precision"] if dr.records else math.nan}
 
     def progress_postfix(self):
-        return {"iter": self.driver["iteration"], "E_BA": f"{self.driver['E_BA']:.4g}"}
+        return {"iter": self.driver.iteration, "E_BA": f"{self.driver.E_BA:.4g}"}
 
     def converged(self):
-        return self.driver["done"]
+        return self.driver.done
 
 
 def _digest(model) -> str:

@@ -245,13 +245,13 @@ class Lasso(RegressorMixin, DMPEstimator):
 
     def _set_fitted(self, fit, result):
         d = fit.program.driver
-        self.coef_ = d["coef"]
-        self.intercept_ = float(d["intercept"])
+        self.coef_ = d.coef
+        self.intercept_ = float(d.intercept)
         self.n_iter_ = result.n_rounds
-        self.n_updates_ = d["updates"]
+        self.n_updates_ = d.updates
         self.inner_sweeps_ = fit.program.inner_sweeps
-        self.dual_gap_ = float(d["gap"])
-        self.objective_ = float(d["objective"])
+        self.dual_gap_ = float(d.gap)
+        self.objective_ = float(d.objective)
 
     def _convergence_warning(self, fit, result):
         if not result.converged and not result.stopped and self.tol > 0:

@@ -25,9 +25,11 @@ contiguous block of columns (its CSC shards and coefficients) and a replica of t
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
-from ..engine.program import Broadcast, Program
+from ..engine.program import Broadcast, DriverState, Message, Program, unexpected
 from ..kernels import lasso as kernels
 
 
@@ -144,12 +146,137 @@ def _exact_step(r, D, w_old, delta, nalpha, iters=50):
     return 0.5 * (lo + hi)
 
 
+# ====================================================================== messages
+# plans (driver -> partitions)
+@dataclass(frozen=True)
+class CDPlan(Message):
+    """Coordinate descent over the partition's share of the round's candidates."""
+
+    round: int
+    #: the candidates, local column indices in priority order
+    idx: np.ndarray
+    #: at most this many are updated
+    keep: int
+    #: run the dependency filter over the candidates (else the first ``keep`` are kept)
+    filter: bool
+    sweeps: int
+    inner_tol: float
+
+
+@dataclass(frozen=True)
+class GapPlan(Message):
+    """Correlations for the duality gap, and every variable's priority."""
+
+    round: int
+
+
+@dataclass(frozen=True)
+class RefreshPlan(Message):
+    """The partition's share ``X w`` of the residual, recomputed from scratch."""
+
+    round: int
+
+
+# partial results (partitions -> driver)
+@dataclass(frozen=True)
+class CDPartial(Message):
+    #: the residual change ``X_S delta_S`` (`_encode`)
+    dr: tuple
+    kept: np.ndarray
+    delta: np.ndarray
+    w_old: np.ndarray
+    n_cand: int
+    #: the repeated sweeps stopped early (the working set is solved)
+    solved: bool
+
+
+@dataclass(frozen=True)
+class GapPartial(Message):
+    dual_norm: float
+    prio: np.ndarray
+    l1: float
+
+
+@dataclass(frozen=True)
+class RefreshPartial(Message):
+    #: the partition's ``X w`` (`_encode`)
+    xw: tuple
+    l1: float
+
+
+# updates (driver -> partitions, in a Broadcast)
+@dataclass(frozen=True)
+class CDUpdate(Message):
+    """The summed residual change of round ``round`` and its step ``t``."""
+
+    round: int
+    D: tuple
+    t: float
+
+
+@dataclass(frozen=True)
+class RefreshUpdate(Message):
+    """The residual recomputed on the driver."""
+
+    r: np.ndarray
+
+
+_PLANS = (CDPlan, GapPlan, RefreshPlan)
+_PARTIALS = (CDPartial, GapPartial, RefreshPartial)
+_UPDATES = (CDUpdate, RefreshUpdate)
+
+
+@dataclass
+class LassoDriver(DriverState):
+    """The driver's state of `LassoProgram` (`LassoProgram.start`)."""
+
+    n: int
+    p: int
+    #: number of partitions
+    P: int
+    #: first column of each partition, then ``p``
+    starts: np.ndarray
+    #: the (centred) target, its squared norm and the target's mean
+    ytil: np.ndarray
+    ynorm2: float
+    ymean: float
+    #: the residual ``ytil - X~ w`` and ``||w||_1``
+    r: np.ndarray
+    l1: float
+    #: each variable's priority (its last squared change)
+    prio: np.ndarray
+    rng: np.random.Generator
+    #: the next variable of the round-robin schedule
+    rr: int
+    #: the next round is a gap round / a refresh round
+    need_gap: bool
+    need_refresh: bool
+    #: coordinate updates since the last gap round, gap rounds so far, updates so far
+    since_check: int
+    n_checks: int
+    updates: int
+    gap: float
+    objective: float
+    converged: bool
+    #: metrics of the last pulled round (`LassoProgram.metrics`)
+    last: dict
+    #: the largest coefficient seen so far
+    max_abs_w: float
+    #: priority quantiles of the scheduled rounds not pulled yet, by round
+    priority_q: dict
+    #: the priority floor (`LassoProgram._rebuild_sampler`)
+    floor: float = 1.0
+    #: the fit's result (`LassoProgram.finish`)
+    coef: np.ndarray | None = field(default=None, repr=False)
+    intercept: float | None = None
+
+
 class LassoProgram(Program):
     """Driver and worker logic of STRADS Lasso (see the module docstring).
 
     Parameters are those of :class:`dmp.linear_model.Lasso`, already validated; ``dataset``
     is a ``dmp.io.SparseDataset`` (opened by URL on every worker) or an in-memory dataset
-    (local backend only).
+    (local backend only).  The driver's state is a `LassoDriver` (``self.driver``).
     """
 
     name = "lasso"
@@ -222,65 +349,70 @@ class LassoProgram(Program):
         return kept[:m]
 
     def push(self, s, plan):
-        kind = plan["kind"]
-        if kind == "cd":
-            idx = plan["idx"]
-            if plan["filter"] and self.rho is not None and len(idx) > 1:
-                kept = self._filter(s, idx, plan["keep"])
-            else:
-                kept = idx[:plan["keep"]]
-            # sweep in column order: same set, far fewer cache misses than priority order
-            kept = np.sort(kept)
-            w_old = s["w"][kept]
-            r_before = s["r"].copy()
-            delta = np.empty(len(kept))
-            sweeps = plan["sweeps"]
-            alpha_n = self.alpha * s["n"]
-            if sweeps == 1:
-                kernels.cd_sweep(s["indptr"], s["indices"], s["data"], s["sq"], s["means"],
-                                 s["col_sums"], s["w"], s["r"], kept, alpha_n, delta)
-                solved = False
-            else:
-                # repeated sweeps over a contiguous copy of the working set: one random
-                # gather, then sequential memory access on every sweep
-                ip, ind, dat = kernels.gather_columns(s["indptr"], s["indices"], s["data"], kept)
-                w_ws = s["w"][kept]
-                done = kernels.cd_sweeps(ip, ind, dat, s["sq"][kept], s["means"][kept],
-                                         s["col_sums"][kept], w_ws, s["r"],
-                                         np.arange(len(kept), dtype=np.int64), alpha_n,
-                                         sweeps, plan["inner_tol"], delta)
-                s["w"][kept] = w_ws
-                solved = done < sweeps
-            dr = s["r"] - r_before
-            s["pending"][plan["round"]] = (dr, kept, delta)
-            return {"kind": "cd", "dr": _encode(dr), "kept": kept, "delta": delta,
-                    "w_old": w_old, "n_cand": len(plan["idx"]), "solved": solved}
-        if kind == "gap":
-            corr = np.empty(len(s["w"]))
-            kernels.correlations(s["indptr"], s["indices"], s["data"], s["r"], corr)
-            vd = np.empty_like(corr)
-            kernels.virtual_deltas(corr, s["sq"], s["w"], self.alpha * s["n"], vd)
-            return {"kind": "gap", "dual_norm": float(np.abs(corr).max(initial=0.0)),
-                    "prio": vd * vd, "l1": float(np.abs(s["w"]).sum())}
-        if kind == "refresh":
-            xw = np.zeros(s["n"])
-            kernels.block_matvec(s["indptr"], s["indices"], s["data"], s["means"], s["w"], xw)
-            return {"kind": "refresh", "xw": _encode(xw), "l1": float(np.abs(s["w"]).sum())}
-        raise ValueError(f"unknown plan kind {kind!r}")
+        match plan:
+            case CDPlan():
+                return self._push_cd(s, plan)
+            case GapPlan():
+                corr = np.empty(len(s["w"]))
+                kernels.correlations(s["indptr"], s["indices"], s["data"], s["r"], corr)
+                vd = np.empty_like(corr)
+                kernels.virtual_deltas(corr, s["sq"], s["w"], self.alpha * s["n"], vd)
+                return GapPartial(dual_norm=float(np.abs(corr).max(initial=0.0)),
+                                  prio=vd * vd, l1=float(np.abs(s["w"]).sum()))
+            case RefreshPlan():
+                xw = np.zeros(s["n"])
+                kernels.block_matvec(s["indptr"], s["indices"], s["data"], s["means"], s["w"], xw)
+                return RefreshPartial(xw=_encode(xw), l1=float(np.abs(s["w"]).sum()))
+        raise unexpected(self, "a plan", plan, _PLANS)
+
+    def _push_cd(self, s, plan: CDPlan) -> CDPartial:
+        idx = plan.idx
+        if plan.filter and self.rho is not None and len(idx) > 1:
+            kept = self._filter(s, idx, plan.keep)
+        else:
+            kept = idx[:plan.keep]
+        # sweep in column order: same set, far fewer cache misses than priority order
+        kept = np.sort(kept)
+        w_old = s["w"][kept]
+        r_before = s["r"].copy()
+        delta = np.empty(len(kept))
+        sweeps = plan.sweeps
+        alpha_n = self.alpha * s["n"]
+        if sweeps == 1:
+            kernels.cd_sweep(s["indptr"], s["indices"], s["data"], s["sq"], s["means"],
+                       s["col_sums"], s["w"], s["r"], kept, alpha_n, delta)
+            solved = False
+        else:
+            # repeated sweeps over a contiguous copy of the working set: one random
+            # gather, then sequential memory access on every sweep
+            ip, ind, dat = kernels.gather_columns(s["indptr"], s["indices"], s["data"], kept)
+            w_ws = s["w"][kept]
+            done = kernels.cd_sweeps(ip, ind, dat, s["sq"][kept], s["means"][kept],
+                               s["col_sums"][kept], w_ws, s["r"],
+                               np.arange(len(kept), dtype=np.int64), alpha_n,
+                               sweeps, plan.inner_tol, delta)
+            s["w"][kept] = w_ws
+            solved = done < sweeps
+        dr = s["r"] - r_before
+        s["pending"][plan.round] = (dr, kept, delta)
+        return CDPartial(dr=_encode(dr), kept=kept, delta=delta, w_old=w_old,
+                         n_cand=len(plan.idx), solved=solved)
 
     def apply(self, s, update):
-        kind = update["kind"]
-        if kind == "cd":
-            dr_own, kept, delta = s["pending"].pop(update["round"])
-            r = s["r"]
-            r -= dr_own
-            _decode_add(update["D"], r)
-            t = update["t"]
-            if t != 1.0:
-                s["w"][kept] += (t - 1.0) * delta
-        elif kind == "refresh":
-            s["r"][:] = update["r"]
-            s["pending"].clear()
+        match update:
+            case CDUpdate():
+                dr_own, kept, delta = s["pending"].pop(update.round)
+                r = s["r"]
+                r -= dr_own
+                _decode_add(update.D, r)
+                t = update.t
+                if t != 1.0:
+                    s["w"][kept] += (t - 1.0) * delta
+            case RefreshUpdate():
+                s["r"][:] = update.r
+                s["pending"].clear()
+            case _:
+                raise unexpected(self, "an update", update, _UPDATES)
 
     def partition_arrays(self, s):
         return {"w": s["w"].copy()}
@@ -316,40 +448,40 @@ class LassoProgram(Program):
         y = np.asarray(ds.load_y(), dtype=np.float64)
         specs = self.partition_specs(n_partitions)
         ytil = y - y.mean() if self.fit_intercept else y.copy()
-        self.driver = {
-            "n": n, "p": p, "P": n_partitions,
-            "starts": np.array([s["cols"][0] for s in specs] + [p], dtype=np.int64),
-            "ytil": ytil, "ynorm2": float(ytil @ ytil), "ymean": float(y.mean()),
-            "r": ytil.copy(), "l1": 0.0,
-            "prio": np.zeros(p), "rng": np.random.default_rng(self.seed), "rr": 0,
-            "need_gap": True, "need_refresh": False, "since_check": 0, "n_checks": 0,
-            "gap": np.inf, "objective": 0.5 * float(ytil @ ytil) / n, "converged": False,
-            "updates": 0, "last": {}, "max_abs_w": 0.0, "priority_q": {},
-        }
+        self.driver = LassoDriver(
+            n=n, p=p, P=n_partitions,
+            starts=np.array([s["cols"][0] for s in specs] + [p], dtype=np.int64),
+            ytil=ytil, ynorm2=float(ytil @ ytil), ymean=float(y.mean()),
+            r=ytil.copy(), l1=0.0,
+            prio=np.zeros(p), rng=np.random.default_rng(self.seed), rr=0,
+            need_gap=True, need_refresh=False, since_check=0, n_checks=0,
+            gap=np.inf, objective=0.5 * float(ytil @ ytil) / n, converged=False,
+            updates=0, last={}, max_abs_w=0.0, priority_q={},
+        )
         self._rebuild_sampler()
 
     def needs_barrier(self, round):
         d = self.driver
-        return d["need_gap"] or d["need_refresh"]
+        return d.need_gap or d.need_refresh
 
     def _inner_tol(self):
         """How far a working set is solved: as far as the global gap warrants (celer's rule
         of thumb; tight inner tolerances while the working set still changes waste sweeps)."""
         d = self.driver
-        gap_rel = d["gap"] / max(0.5 * d["ynorm2"] / d["n"], 1e-300)
+        gap_rel = d.gap / max(0.5 * d.ynorm2 / d.n, 1e-300)
         return float(max(self.tol, min(1e-2, _INNER_GAP_FRACTION * gap_rel)))
 
     def _candidates(self):
         d = self.driver
-        p, L = d["p"], min(self.schedule_size, d["p"])
+        p, L = d.p, min(self.schedule_size, d.p)
         kind = self.schedule_kind
         if kind == "round_robin":
-            idx = (d["rr"] + np.arange(L)) % p
-            d["rr"] = int((d["rr"] + L) % p)
+            idx = (d.rr + np.arange(L)) % p
+            d.rr = int((d.rr + L) % p)
             return idx, None
         if kind == "random":
-            return d["rng"].choice(p, size=L, replace=False), None
-        prio = d["prio"]
+            return d.rng.choice(p, size=L, replace=False), None
+        prio = d.prio
         # Size the round by the variables that are still moving (positive priority) plus a
         # tenth of that for exploration through the floor: a large fixed L would spend most
         # of the round on variables that are settled at zero.
@@ -358,7 +490,7 @@ class LassoProgram(Program):
         # oversampling only matters when the dependency filter may reject candidates
         over = self.oversample if self.rho is not None else 1.0
         n_draws = min(p, max(1, int(round(over * L))))
-        cand = priority_sample(prio, d["floor"], n_draws, d["rng"])
+        cand = priority_sample(prio, d.floor, n_draws, d.rng)
         if self.rho is not None:
             # the dependency filter keeps candidates greedily in priority order; without
             # it every candidate is kept and the push sweeps them in column order anyway
@@ -367,131 +499,140 @@ class LassoProgram(Program):
 
     def schedule(self, round):
         d = self.driver
-        P = d["P"]
-        if d["need_refresh"]:
-            return [{"kind": "refresh", "round": round}] * P
-        if d["need_gap"]:
-            return [{"kind": "gap", "round": round}] * P
+        P = d.P
+        if d.need_refresh:
+            return [RefreshPlan(round)] * P
+        if d.need_gap:
+            return [GapPlan(round)] * P
         cand, L = self._candidates()
         if self.schedule_kind == "priority" and len(cand):
             # what the monitor shows as the priority distribution of the scheduled set
             # (of an evenly strided subsample, which keeps the set's make-up: the exact
             # quantiles of a large round cost milliseconds of driver time per round)
             stride = max(1, len(cand) // _QUANTILE_SAMPLE)
-            d["priority_q"][round] = np.quantile(d["prio"][cand[::stride]],
-                                                 _PRIORITY_QUANTILES).tolist()
+            d.priority_q[round] = np.quantile(d.prio[cand[::stride]],
+                                              _PRIORITY_QUANTILES).tolist()
         inner_tol = self._inner_tol()
-        owner = np.searchsorted(d["starts"], cand, side="right") - 1
+        owner = np.searchsorted(d.starts, cand, side="right") - 1
         plans = []
         for k in range(P):
-            local = cand[owner == k] - d["starts"][k]
+            local = cand[owner == k] - d.starts[k]
             keep = len(local) if L is None else int(np.ceil(L * len(local) / max(len(cand), 1)))
-            plans.append({"kind": "cd", "round": round, "idx": local.astype(np.int64),
-                          "keep": keep, "filter": self.schedule_kind == "priority",
-                          "sweeps": self.inner_sweeps, "inner_tol": inner_tol})
+            plans.append(CDPlan(round=round, idx=local.astype(np.int64), keep=keep,
+                                filter=self.schedule_kind == "priority",
+                                sweeps=self.inner_sweeps, inner_tol=inner_tol))
         return plans
 
     def _objective(self, r, l1):
-        d = self.driver
-        return 0.5 * float(r @ r) / d["n"] + self.alpha * l1
+        return 0.5 * float(r @ r) / self.driver.n + self.alpha * l1
 
     def pull(self, round, partials):
+        match partials[0]:
+            case CDPartial():
+                return self._pull_cd(round, partials)
+            case GapPartial():
+                self._pull_gap(partials)
+                return None
+            case RefreshPartial():
+                return self._pull_refresh(partials)
+        raise unexpected(self, "a partial result", partials[0], _PARTIALS)
+
+    def _pull_cd(self, round, partials: list[CDPartial]) -> Broadcast:
         d = self.driver
-        kind = partials[0]["kind"]
-        n = d["n"]
-        if kind == "cd":
-            D = np.zeros(n)
-            for part in partials:
-                _decode_add(part["dr"], D)
-            r = d["r"]
-            nalpha = n * self.alpha
-            w_old = [pt["w_old"] for pt in partials]
-            deltas = [pt["delta"] for pt in partials]
-            t = 1.0
-            n_active = sum(len(pt["kept"]) > 0 for pt in partials)
-            if n_active > 1:
-                # the full step keeps the exact zeros coordinate descent produced; take it
-                # whenever it lowers the objective, else the exact minimiser along the sum
-                r1 = r + D
-                g0 = 0.5 * float(r @ r) + nalpha * d["l1"]
-                g1 = 0.5 * float(r1 @ r1) + nalpha * (
-                    d["l1"] + sum(_l1_change(a, b, 1.0) for a, b in zip(w_old, deltas)))
-                if g1 > g0:
-                    t = _exact_step(r, D, np.concatenate(w_old), np.concatenate(deltas),
-                                    nalpha)
-            d["l1"] += sum(_l1_change(a, b, t) for a, b in zip(w_old, deltas))
-            r += t * D
-            n_kept = 0
-            for k, pt in enumerate(partials):
-                kept = pt["kept"]
-                n_kept += len(kept)
-                gidx = kept + d["starts"][k]
-                d["prio"][gidx] = (t * pt["delta"]) ** 2
-            d["since_check"] += n_kept
-            d["updates"] += n_kept
-            d["objective"] = self._objective(r, d["l1"])
-            d["last"] = {"kind": "cd", "n_candidates": int(sum(pt["n_cand"] for pt in partials)),
-                         "n_kept": n_kept, "step": t,
-                         "priority_q": d["priority_q"].pop(round, _NO_QUANTILES)}
-            moving = t * max((float(np.abs(b).max(initial=0.0)) for b in deltas), default=0.0)
-            round_w_max = max(
-                (float(np.abs(a + t * b).max(initial=0.0)) for a, b in zip(w_old, deltas)),
-                default=0.0)
-            d["max_abs_w"] = max(d["max_abs_w"], round_w_max)
-            if self.inner_sweeps == 1:
-                # one sweep per round: the rounds together are the working-set solve, solved
-                # by the working-set solver's own rule (largest step at most inner_tol times
-                # the largest coefficient of the set)
-                solved = moving <= self._inner_tol() * round_w_max
-            else:
-                solved = all(pt["solved"] or len(pt["kept"]) == 0 for pt in partials)
-            # check the gap (global optimality, and every priority refreshed) after an
-            # epoch's worth of updates, once the working set is solved, or as soon as the
-            # round's largest step is small against the coefficients (scikit-learn's trigger)
-            settled = self.schedule_kind == "priority" and (
-                solved or moving <= self.tol * max(d["max_abs_w"], 1e-300))
-            if d["since_check"] >= self.check_every or settled:
-                d["need_gap"] = True
-                if (d["n_checks"] + 1) % self.refresh_every == 0:
-                    d["need_refresh"] = True
-            return Broadcast({"kind": "cd", "round": round, "D": _encode(t * D), "t": t})
-        if kind == "gap":
-            d["l1"] = sum(pt["l1"] for pt in partials)
-            d["prio"] = np.concatenate([pt["prio"] for pt in partials])
-            self._rebuild_sampler()
-            dual_norm = max(pt["dual_norm"] for pt in partials)
-            d["gap"] = self._gap(d["r"], d["l1"], dual_norm)
-            d["objective"] = self._objective(d["r"], d["l1"])
-            d["need_gap"] = False
-            d["since_check"] = 0
-            d["n_checks"] += 1
-            d["converged"] = d["gap"] <= self.tol * d["ynorm2"] / n
-            d["last"] = {"kind": "gap", "n_candidates": 0, "n_kept": 0, "step": 0.0,
-                         "priority_q": _NO_QUANTILES}
-            return None
-        if kind == "refresh":
-            xw = np.zeros(n)
-            for part in partials:
-                _decode_add(part["xw"], xw)
-            d["r"] = d["ytil"] - xw
-            d["l1"] = sum(pt["l1"] for pt in partials)
-            d["objective"] = self._objective(d["r"], d["l1"])
-            d["need_refresh"] = False
-            d["last"] = {"kind": "refresh", "n_candidates": 0, "n_kept": 0, "step": 0.0,
-                         "priority_q": _NO_QUANTILES}
-            return Broadcast({"kind": "refresh", "r": d["r"].copy()})
-        raise ValueError(f"unknown partial kind {kind!r}")
+        n = d.n
+        D = np.zeros(n)
+        for part in partials:
+            _decode_add(part.dr, D)
+        r = d.r
+        nalpha = n * self.alpha
+        w_old = [pt.w_old for pt in partials]
+        deltas = [pt.delta for pt in partials]
+        t = 1.0
+        n_active = sum(len(pt.kept) > 0 for pt in partials)
+        if n_active > 1:
+            # the full step keeps the exact zeros coordinate descent produced; take it
+            # whenever it lowers the objective, else the exact minimiser along the sum
+            r1 = r + D
+            g0 = 0.5 * float(r @ r) + nalpha * d.l1
+            g1 = 0.5 * float(r1 @ r1) + nalpha * (
+                d.l1 + sum(_l1_change(a, b, 1.0) for a, b in zip(w_old, deltas)))
+            if g1 > g0:
+                t = _exact_step(r, D, np.concatenate(w_old), np.concatenate(deltas), nalpha)
+        d.l1 += sum(_l1_change(a, b, t) for a, b in zip(w_old, deltas))
+        r += t * D
+        n_kept = 0
+        for k, pt in enumerate(partials):
+            kept = pt.kept
+            n_kept += len(kept)
+            gidx = kept + d.starts[k]
+            d.prio[gidx] = (t * pt.delta) ** 2
+        d.since_check += n_kept
+        d.updates += n_kept
+        d.objective = self._objective(r, d.l1)
+        d.last = {"kind": "cd", "n_candidates": int(sum(pt.n_cand for pt in partials)),
+                  "n_kept": n_kept, "step": t,
+                  "priority_q": d.priority_q.pop(round, _NO_QUANTILES)}
+        moving = t * max((float(np.abs(b).max(initial=0.0)) for b in deltas), default=0.0)
+        round_w_max = max(
+            (float(np.abs(a + t * b).max(initial=0.0)) for a, b in zip(w_old, deltas)),
+            default=0.0)
+        d.max_abs_w = max(d.max_abs_w, round_w_max)
+        if self.inner_sweeps == 1:
+            # one sweep per round: the rounds together are the working-set solve, solved
+            # by the working-set solver's own rule (largest step at most inner_tol times
+            # the largest coefficient of the set)
+            solved = moving <= self._inner_tol() * round_w_max
+        else:
+            solved = all(pt.solved or len(pt.kept) == 0 for pt in partials)
+        # check the gap (global optimality, and every priority refreshed) after an
+        # epoch's worth of updates, once the working set is solved, or as soon as the
+        # round's largest step is small against the coefficients (scikit-learn's trigger)
+        settled = self.schedule_kind == "priority" and (
+            solved or moving <= self.tol * max(d.max_abs_w, 1e-300))
+        if d.since_check >= self.check_every or settled:
+            d.need_gap = True
+            if (d.n_checks + 1) % self.refresh_every == 0:
+                d.need_refresh = True
+        return Broadcast(CDUpdate(round=round, D=_encode(t * D), t=t))
+
+    def _pull_gap(self, partials: list[GapPartial]) -> None:
+        d = self.driver
+        d.l1 = sum(pt.l1 for pt in partials)
+        d.prio = np.concatenate([pt.prio for pt in partials])
+        self._rebuild_sampler()
+        dual_norm = max(pt.dual_norm for pt in partials)
+        d.gap = self._gap(d.r, d.l1, dual_norm)
+        d.objective = self._objective(d.r, d.l1)
+        d.need_gap = False
+        d.since_check = 0
+        d.n_checks += 1
+        d.converged = d.gap <= self.tol * d.ynorm2 / d.n
+        d.last = {"kind": "gap", "n_candidates": 0, "n_kept": 0, "step": 0.0,
+                  "priority_q": _NO_QUANTILES}
+
+    def _pull_refresh(self, partials: list[RefreshPartial]) -> Broadcast:
+        d = self.driver
+        xw = np.zeros(d.n)
+        for part in partials:
+            _decode_add(part.xw, xw)
+        d.r = d.ytil - xw
+        d.l1 = sum(pt.l1 for pt in partials)
+        d.objective = self._objective(d.r, d.l1)
+        d.need_refresh = False
+        d.last = {"kind": "refresh", "n_candidates": 0, "n_kept": 0, "step": 0.0,
+                  "priority_q": _NO_QUANTILES}
+        return Broadcast(RefreshUpdate(r=d.r.copy()))
 
     def _rebuild_sampler(self):
         """The priority floor, ``eta`` times the mean priority (refreshed at gap rounds)."""
         d = self.driver
-        mean = float(d["prio"].mean()) if len(d["prio"]) else 0.0
-        d["floor"] = self.eta * mean if mean > 0 else 1.0
+        mean = float(d.prio.mean()) if len(d.prio) else 0.0
+        d.floor = self.eta * mean if mean > 0 else 1.0
 
     def _gap(self, r, l1, dual_norm):
         """scikit-learn's duality gap (same dual point), in units of the 1/(2n) objective."""
         d = self.driver
-        n = d["n"]
+        n = d.n
         alpha_n = self.alpha * n
         R2 = float(r @ r)
         if dual_norm > alpha_n:
@@ -500,48 +641,48 @@ class LassoProgram(Program):
         else:
             const = 1.0
             gap = R2
-        gap += alpha_n * l1 - const * float(r @ d["ytil"])
+        gap += alpha_n * l1 - const * float(r @ d.ytil)
         return max(gap, 0.0) / n
 
     def metrics(self):
         d = self.driver
-        out = {"objective": d["objective"], "dual_gap": d["gap"], "updates": d["updates"]}
-        out.update(d["last"])
+        out = {"objective": d.objective, "dual_gap": d.gap, "updates": d.updates}
+        out.update(d.last)
         return out
 
     def progress_postfix(self):
         d = self.driver
-        return {"objective": f"{d['objective']:.6g}", "gap": f"{d['gap']:.2e}"}
+        return {"objective": f"{d.objective:.6g}", "gap": f"{d.gap:.2e}"}
 
     def converged(self):
-        return self.driver["converged"]
+        return self.driver.converged
 
     def driver_state(self):
         d = self.driver
-        return {"prio": d["prio"], "rng": d["rng"].bit_generator.state, "rr": d["rr"],
-                "n_checks": d["n_checks"], "since_check": d["since_check"],
-                "updates": d["updates"], "gap": None if not np.isfinite(d["gap"]) else d["gap"]}
+        return {"prio": d.prio, "rng": d.rng.bit_generator.state, "rr": d.rr,
+                "n_checks": d.n_checks, "since_check": d.since_check,
+                "updates": d.updates, "gap": None if not np.isfinite(d.gap) else d.gap}
 
     def load_driver_state(self, state):
         d = self.driver
-        d["prio"] = np.asarray(state["prio"], dtype=np.float64)
+        d.prio = np.asarray(state["prio"], dtype=np.float64)
         self._rebuild_sampler()
         rng_state = state["rng"]
-        d["rng"].bit_generator.state = rng_state
-        d["rr"] = int(state["rr"])
-        d["n_checks"] = int(state["n_checks"])
-        d["since_check"] = int(state["since_check"])
-        d["updates"] = int(state["updates"])
-        d["gap"] = np.inf if state["gap"] is None else float(state["gap"])
+        d.rng.bit_generator.state = rng_state
+        d.rr = int(state["rr"])
+        d.n_checks = int(state["n_checks"])
+        d.since_check = int(state["since_check"])
+        d.updates = int(state["updates"])
+        d.gap = np.inf if state["gap"] is None else float(state["gap"])
         # the restored coefficients come without their residual: rebuild it first
-        d["need_refresh"] = True
-        d["need_gap"] = False
+        d.need_refresh = True
+        d.need_gap = False
 
     def finish(self, partition_arrays):
         d = self.driver
-        d["coef"] = coef = np.concatenate([a["w"] for a in partition_arrays])
+        d.coef = coef = np.concatenate([a["w"] for a in partition_arrays])
         if self.fit_intercept:
             col_sums, _ = self.dataset.load_col_stats()
-            d["intercept"] = d["ymean"] - float(np.asarray(col_sums) @ coef) / d["n"]
+            d.intercept = d.ymean - float(np.asarray(col_sums) @ coef) / d.n
         else:
-            d["intercept"] = 0.0
+            d.intercept = 0.0

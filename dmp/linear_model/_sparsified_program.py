@@ -27,10 +27,11 @@ constants and the loss at the starting point; the driver derives the step size f
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..engine.program import Broadcast, Program
+from ..engine.program import Broadcast, DriverState, Message, Program, unexpected
 from ..kernels import sparsify as kernels
 
 METHODS = ("isgd", "isega", "isaga", "iasgd")
@@ -87,6 +88,61 @@ def max_eigenvalue_gram(A, fit_intercept: bool) -> float:
     val = eigsh(op, k=1, which="LA", tol=1e-4, return_eigenvectors=False,
                 v0=np.ones(D))
     return float(val[0]) * (1 + 1e-3)  # eigsh converges from below
+
+
+@dataclass(frozen=True)
+class InitPlan(Message):
+    """Round 0: the shard's size, smoothness constants and loss at the start."""
+
+    round: int
+
+
+@dataclass(frozen=True)
+class StepPlan(Message):
+    """One iteration: upload the sampled blocks of the gradient (estimate)."""
+
+    round: int
+    #: also return the loss at the current point
+    eval: bool
+
+
+_PLANS = (InitPlan, StepPlan)
+
+
+@dataclass
+class SparsifiedDriver(DriverState):
+    """The driver's state of `SparsifiedProgram`."""
+
+    n_parts: int
+    #: the iterate, the point the gradients are taken at (momentum) and the shifts' memory
+    x: np.ndarray
+    point: np.ndarray
+    memory: np.ndarray
+    #: iterations done
+    k: int = 0
+    step: float | None = None
+    beta: float | None = None
+    #: each worker's share of the data and its number of points (round 0)
+    weights: list | None = None
+    l: list | None = None
+    #: smoothness constants (round 0)
+    L: float | None = None
+    L_w: float | None = None
+    A: float | None = None
+    objective: float | None = math.nan
+    #: the objective at the point of the last iteration's gradients
+    objective_at: float | None = None
+    #: the objective at zero (divergence is judged against it); None for a warm start
+    start: float | None = None
+    best: float = math.inf
+    bests: list = field(default_factory=list)
+    converged: bool = False
+    diverged: bool = False
+    blocks_up: int = 0
+    #: bytes each worker uploaded in the last round
+    upload: list = field(default_factory=list)
+    #: the workers' statistics of round 0
+    stats: list | None = None
 
 
 class SparsifiedProgram(Program):
@@ -183,18 +239,26 @@ class SparsifiedProgram(Program):
         return kernels.tau_nice(self.seed, 2 * k, round, self.n_blocks, self.tau)
 
     def push(self, s, plan):
+        match plan:
+            case InitPlan():
+                out = self._local_stats(s)
+                out["loss"] = kernels.loss_value(s["indptr"], s["indices"], s["data"], s["y"],
+                                           s["x"], self.loss_id, self.fit_intercept)
+                return out
+            case StepPlan():
+                return self._step(s, plan)
+        raise unexpected(self, "a plan", plan, _PLANS)
+
+    def _step(self, s, plan: StepPlan) -> dict:
+        """The sampled blocks of the worker's gradient (estimate) at its current point."""
         x = s["x"]
         args = (s["indptr"], s["indices"], s["data"], s["y"])
-        if plan["kind"] == "init":
-            out = self._local_stats(s)
-            out["loss"] = kernels.loss_value(*args, x, self.loss_id, self.fit_intercept)
-            return out
-        S = self._sample_blocks(s["k"], plan["round"])
+        S = self._sample_blocks(s["k"], plan.round)
         ids = np.arange(self.n_blocks, dtype=np.int32) if S is None else S
         l, grad, loss = s["l"], s["grad"], None
         if self.method == "isaga" or self.batch_size is not None:
             b = min(self.batch_size or 1, l)
-            rows = kernels.tau_nice(self.seed, 2 * s["k"] + 1, plan["round"], l, b)
+            rows = kernels.tau_nice(self.seed, 2 * s["k"] + 1, plan.round, l, b)
             if self.method == "isaga":
                 vals = kernels.saga_delta(*args, x, rows, self.loss_id, self.fit_intercept,
                                           s["table"], s["col_block"], self.bounds, ids) / b
@@ -203,7 +267,7 @@ class SparsifiedProgram(Program):
                 grad /= b
                 self._add_l2(grad, x)
                 vals = kernels.gather_blocks(grad, self.bounds, ids, 1.0)
-            if plan["eval"]:
+            if plan.eval:
                 loss = kernels.loss_value(*args, x, self.loss_id, self.fit_intercept)
         else:
             loss = kernels.loss_gradient(*args, x, self.loss_id, self.fit_intercept, grad)
@@ -265,18 +329,14 @@ class SparsifiedProgram(Program):
     def start(self, n_partitions):
         D = self.n_coords
         x = np.zeros(D) if self.x0 is None else self.x0.copy()
-        self.driver = {
-            "n_parts": n_partitions, "x": x, "point": x.copy(), "memory": np.zeros(D),
-            "step": None, "beta": None, "weights": None, "l": None, "k": 0,
-            "objective": math.nan, "best": math.inf, "bests": [], "converged": False,
-            "blocks_up": 0, "stats": None,
-        }
+        self.driver = SparsifiedDriver(n_parts=n_partitions, x=x, point=x.copy(),
+                                       memory=np.zeros(D))
 
     def schedule(self, round):
         if round == 0:
-            return [{"kind": "init", "round": 0}] * self.driver["n_parts"]
+            return [InitPlan(0)] * self.driver.n_parts
         ev = (not self.stochastic) or (round % self.eval_every == 0)
-        return [{"kind": "step", "round": round, "eval": ev}] * self.driver["n_parts"]
+        return [StepPlan(round, ev)] * self.driver.n_parts
 
     def penalty(self, x) -> float:
         w = x[:self.n_features]
@@ -289,7 +349,7 @@ class SparsifiedProgram(Program):
             return None
         with np.errstate(over="ignore", invalid="ignore"):  # a diverging run reports inf
             return float(sum(w * p["loss"] / max(l, 1)
-                             for w, p, l in zip(d["weights"], partials, d["l"]))) \
+                             for w, p, l in zip(d.weights, partials, d.l))) \
                 + self.penalty(point)
 
     def _init_from_stats(self, stats):
@@ -297,7 +357,7 @@ class SparsifiedProgram(Program):
         l = np.array([st["l"] for st in stats], dtype=np.float64)
         N = l.sum()
         w = l / N
-        d["l"], d["weights"] = l.tolist(), w.tolist()
+        d.l, d.weights = l.tolist(), w.tolist()
         L_i = np.array([st["L"] for st in stats])
         Lp_i = np.array([st["L_point"] for st in stats])
         L = float(w @ L_i)  # an upper bound of the smoothness of sum_i w_i f_i
@@ -317,61 +377,61 @@ class SparsifiedProgram(Program):
             # several times the mean, and the largest would cost many more iterations than
             # dense's (BENCHMARKS.md "ISEGA on heterogeneous shards")
             A = L + (r - 1.0) * float(w @ (w * L_i))
-        d["L"], d["L_w"], d["A"] = L, L_w, A
+        d.L, d.L_w, d.A = L, L_w, A
         if self.step_size == "auto":
             # 1/A is safe for exact local gradients (the variance of the estimator is at
             # most (r-1) max_i w_i L_i times the Bregman distance); shifts only lower it
             factor = {"isgd": 2.0 if self.stochastic else 1.0, "iasgd": 1.0,
                       "isega": 1.0, "isaga": 3.0}[self.method]
-            d["step"] = 1.0 / (factor * A) if A > 0 else 1.0
+            d.step = 1.0 / (factor * A) if A > 0 else 1.0
         else:
-            d["step"] = float(self.step_size)
+            d.step = float(self.step_size)
         mu = self.l2
         if self.method == "iasgd":
             if self.momentum != "auto":
-                d["beta"] = float(self.momentum)
+                d.beta = float(self.momentum)
             elif mu > 0 and L > 0:
                 rho = A / L
                 kappa = rho * rho * L / mu
-                d["beta"] = (math.sqrt(kappa) - 1.0) / (math.sqrt(kappa) + 1.0)
+                d.beta = (math.sqrt(kappa) - 1.0) / (math.sqrt(kappa) + 1.0)
             else:
-                d["beta"] = None  # convex schedule k / (k + 3)
+                d.beta = None  # convex schedule k / (k + 3)
 
     def pull(self, round, partials):
         d = self.driver
         if round == 0:
             self._init_from_stats(partials)
-            d["stats"] = [{k: float(v) for k, v in p.items() if v is not None}
+            d.stats = [{k: float(v) for k, v in p.items() if v is not None}
                           for p in partials]
-            d["objective"] = self._objective(partials, d["point"])
-            d["best"] = d["objective"]
+            d.objective = self._objective(partials, d.point)
+            d.best = d.objective
             # the objective at zero, the scale divergence is judged against (a warm start,
             # e.g. partial_fit, may begin near the optimum: only non-finite values count then)
-            d["start"] = d["objective"] if self.x0 is None else None
-            d["upload"] = [0] * len(partials)
+            d.start = d.objective if self.x0 is None else None
+            d.upload = [0] * len(partials)
             return None
         g = self.estimate(partials)
         self._advance_memory(partials)
         D = self.n_coords
-        evaluated = d["point"]
-        d["objective_at"] = self._objective(partials, evaluated)
-        step = d["step"]
+        evaluated = d.point
+        d.objective_at = self._objective(partials, evaluated)
+        step = d.step
         new_x = np.empty(D)
         kernels.prox_elastic_net(evaluated - step * g, step, self.alpha * self.l1_ratio,
                                  0.0 if self.l2_in_f else self.l2, self.n_features, new_x)
         if self.method == "iasgd":
-            k = d["k"]
-            beta = d["beta"] if d["beta"] is not None else k / (k + 3.0)
-            new_point = new_x + beta * (new_x - d["x"])
+            k = d.k
+            beta = d.beta if d.beta is not None else k / (k + 3.0)
+            new_point = new_x + beta * (new_x - d.x)
         else:
             new_point = new_x
-        d["x"] = new_x
-        d["k"] += 1
-        d["blocks_up"] = sum(len(self._blocks_of(p)) for p in partials)
-        d["upload"] = [_upload_bytes(p) for p in partials]
-        update = self._encode_point(d["point"], new_point)
-        d["point"] = new_point
-        self._track(d["objective_at"])
+        d.x = new_x
+        d.k += 1
+        d.blocks_up = sum(len(self._blocks_of(p)) for p in partials)
+        d.upload = [_upload_bytes(p) for p in partials]
+        update = self._encode_point(d.point, new_point)
+        d.point = new_point
+        self._track(d.objective_at)
         return update
 
     def _blocks_of(self, partial):
@@ -385,22 +445,22 @@ class SparsifiedProgram(Program):
         d = self.driver
         r = self.n_blocks / self.tau
         # shifted methods start from the memory (average shift / SAGA table) of last round
-        g = d["memory"].copy() if self.method in ("isega", "isaga") else np.zeros(self.n_coords)
-        for wi, p in zip(d["weights"], partials):
+        g = d.memory.copy() if self.method in ("isega", "isaga") else np.zeros(self.n_coords)
+        for wi, p in zip(d.weights, partials):
             kernels.scatter_add_blocks(g, self.bounds, self._blocks_of(p), p["values"], wi * r)
         return g
 
     def _advance_memory(self, partials) -> None:
         d = self.driver
-        for wi, li, p in zip(d["weights"], d["l"], partials):
+        for wi, li, p in zip(d.weights, d.l, partials):
             if self.method == "isega":
                 scale = wi
             elif self.method == "isaga":
                 scale = wi * min(self.batch_size or 1, li) / li
             else:
                 return
-            kernels.scatter_add_blocks(d["memory"], self.bounds, self._blocks_of(p), p["values"],
-                                       scale)
+            kernels.scatter_add_blocks(d.memory, self.bounds, self._blocks_of(p), p["values"],
+                                 scale)
 
     def _encode_point(self, old, new):
         """Broadcast only the blocks that changed when that is smaller than the point."""
@@ -416,16 +476,16 @@ class SparsifiedProgram(Program):
         d = self.driver
         if f is None:
             return
-        d["objective"] = f
+        d.objective = f
         # the objective (a loss plus a penalty, never negative) far above where the fit
         # started: the iterates diverge, though still finite -- not "no improvement"
-        start = d.get("start")
+        start = d.start
         if not math.isfinite(f) or (start is not None and f > DIVERGENCE_FACTOR * start > 0):
-            d["diverged"] = True
-            d["converged"] = True
+            d.diverged = True
+            d.converged = True
             return
-        d["best"] = min(d["best"], f)
-        d["bests"].append(d["best"])
+        d.best = min(d.best, f)
+        d.bests.append(d.best)
         if self.tol is None:
             return
         # Progress is judged over a window of evaluations that stands for the same progress
@@ -437,19 +497,19 @@ class SparsifiedProgram(Program):
         # "ISEGA on heterogeneous shards").  Stochastic estimators and momentum keep the epoch
         # window n_iter_no_change * ceil(m / tau).
         window = self.n_iter_no_change * self._window_factor()
-        bests = d["bests"]
+        bests = d.bests
         if len(bests) > window:
             del bests[:len(bests) - window - 1]
             scale = self.tol * max(1.0, abs(bests[-1]))
             # a noisy phase (the shifts still far from the local gradients) can hold the
             # best objective for a window while the current one hovers above it: not a stop
             if bests[0] - bests[-1] < scale and f - bests[-1] < scale:
-                d["converged"] = True
+                d.converged = True
 
     def _window_factor(self) -> int:
         d = self.driver
         if self.method in ("isgd", "isega") and not self.stochastic:
-            A, L = d.get("A"), d.get("L")
+            A, L = d.A, d.L
             if A and L and A > 0 and L > 0:
                 # every shift block is refreshed about once per m / tau iterations, which
                 # bounds the progress per iteration when m / tau exceeds A / L (many workers)
@@ -459,36 +519,39 @@ class SparsifiedProgram(Program):
 
     def metrics(self):
         d = self.driver
-        f = d["objective"] if d["k"] == 0 else d["objective_at"]
+        f = d.objective if d.k == 0 else d.objective_at
         return {"objective": math.nan if f is None else f,
-                "blocks_uploaded": d["blocks_up"], "upload_bytes": list(d["upload"])}
+                "blocks_uploaded": d.blocks_up, "upload_bytes": list(d.upload)}
 
     def progress_postfix(self):
-        return {"objective": f"{self.driver['objective']:.8g}"}
+        return {"objective": f"{self.driver.objective:.8g}"}
 
     def converged(self):
-        return self.driver["converged"]
+        return self.driver.converged
 
     def driver_state(self):
         d = self.driver
-        return {"x": d["x"], "point": d["point"], "memory": d["memory"], "k": d["k"],
-                "step": d["step"], "beta": d["beta"], "weights": d["weights"], "l": d["l"],
-                "L": d.get("L"), "L_w": d.get("L_w"), "A": d.get("A"),
-                "objective": d["objective"], "best": d["best"], "start": d["start"],
-                "bests": np.asarray(d["bests"], dtype=np.float64), "stats": d["stats"]}
+        if d.weights is None:
+            raise RuntimeError("SparsifiedProgram's driver state is complete once round 0 is "
+                               "pulled")
+        return {"x": d.x, "point": d.point, "memory": d.memory, "k": d.k,
+                "step": d.step, "beta": d.beta, "weights": d.weights, "l": d.l,
+                "L": d.L, "L_w": d.L_w, "A": d.A,
+                "objective": d.objective, "best": d.best, "start": d.start,
+                "bests": np.asarray(d.bests, dtype=np.float64), "stats": d.stats}
 
     def load_driver_state(self, state):
         d = self.driver
         for name in ("x", "point", "memory"):
-            d[name] = np.asarray(state[name], dtype=np.float64).copy()
-        d["k"] = int(state["k"])
-        d["bests"] = [float(v) for v in np.asarray(state["bests"], dtype=np.float64)]
+            setattr(d, name, np.asarray(state[name], dtype=np.float64).copy())
+        d.k = int(state["k"])
+        d.bests = [float(v) for v in np.asarray(state["bests"], dtype=np.float64)]
         for name in ("step", "beta", "weights", "l", "L", "L_w", "A", "objective", "best",
                      "stats"):
-            d[name] = state[name]
-        d["start"] = state.get("start")   # None in checkpoints from before the check
-        d["upload"] = [0] * d["n_parts"]
-        d["objective_at"] = d["objective"]
+            setattr(d, name, state[name])
+        d.start = state.get("start")   # None in checkpoints from before the check
+        d.upload = [0] * d.n_parts
+        d.objective_at = d.objective
 
     def finish(self, partition_arrays):
         pass

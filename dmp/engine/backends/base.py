@@ -5,6 +5,11 @@ from __future__ import annotations
 
 # named errors of dmp.exceptions (DMPError subclasses), imported from here before they moved
 from ...exceptions import InsufficientMemoryError, WorkerLostError  # noqa: F401
+from .protocol import Backend, check_backend
+
+
+def _looks_like_backend(obj) -> bool:
+    return isinstance(obj, Backend) or (hasattr(obj, "step") and hasattr(obj, "start"))
 
 
 def active_client():
@@ -38,8 +43,8 @@ def resolve_backend(backend="auto", n_workers=None):
     from .local import LocalBackend
 
     if not isinstance(backend, str):
-        if hasattr(backend, "step") and hasattr(backend, "start"):
-            return backend
+        if _looks_like_backend(backend):
+            return check_backend(backend)
         if _is_client(backend):
             from .dask import DaskBackend
 

@@ -24,6 +24,7 @@ from ...utils.cluster import (QUIET_DASK_CONFIG, TLS_SETTINGS, connect,  # noqa:
                               quiet_local_cluster)
 from ...utils.cluster import register_monitor as _register_monitor
 from ...utils.text import plural
+from .protocol import Backend
 
 
 def collect_transient_bytes() -> int:
@@ -223,7 +224,7 @@ def _is_worker_loss(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in _LOST_MARKERS)
 
 
-class DaskBackend:
+class DaskBackend(Backend):
     """Run every partition as an actor on a ``distributed`` cluster.
 
     Parameters
@@ -244,6 +245,12 @@ class DaskBackend:
     """
 
     kind = "dask"
+    # capabilities (`Backend`): the partitions are actors on the cluster's workers, which
+    # open the dataset themselves and run batches of rounds while the driver works
+    needs_store = True
+    runs_batches = True
+    overlaps_rounds = True
+    sends_events = True
 
     def __init__(self, client, n_workers=None, replacement_timeout=20.0, call_timeout=None,
                  direct=True):
@@ -282,6 +289,11 @@ class DaskBackend:
             return any(str(a).startswith("inproc://") for a in cluster_workers(self.client))
         except Exception:
             return False
+
+    @property
+    def in_driver_process(self) -> bool:
+        """The workers run in this process (`workers_in_this_process`)."""
+        return self.workers_in_this_process()
 
     @property
     def n_partitions(self) -> int:

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from ..program import update_for
 from ..worker import PartitionWorker
+from .protocol import Backend
 
 
-class LocalBackend:
+class LocalBackend(Backend):
     """Run every partition in this process.
 
     Parameters
@@ -20,6 +21,12 @@ class LocalBackend:
     """
 
     kind = "local"
+    # capabilities (`Backend`): everything runs here, one round at a time, synchronously
+    needs_store = False
+    in_driver_process = True
+    runs_batches = False
+    overlaps_rounds = False
+    sends_events = False
 
     def __init__(self, n_workers: int = 1):
         if int(n_workers) < 1:
@@ -65,18 +72,6 @@ class LocalBackend:
         if method is None:
             return [w.collect() for w in self.workers]
         return [getattr(w.program, method)(w.state) for w in self.workers]
-
-    def collect_stream(self, sink, method: str | None = None, start=None,
-                       piece_bytes: int | None = None) -> None:
-        """As `DaskBackend.collect_stream`; in process every array is one piece (a view)."""
-        import numpy as np
-
-        arrays = [{k: np.asarray(v) for k, v in a.items()} for a in self.collect_all(method)]
-        if start is not None:
-            start([{k: (v.shape, v.dtype.str) for k, v in a.items()} for a in arrays])
-        for k, a in enumerate(arrays):
-            for name, v in a.items():
-                sink(k, name, 0, v)
 
     def call_all(self, method, *args) -> list:
         return [w.call(method, *args) for w in self.workers]
