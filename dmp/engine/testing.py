@@ -25,8 +25,6 @@ import os
 import tempfile
 from contextlib import contextmanager
 
-import numpy as np
-
 from ..utils._checks import (_die, assert_same, victim, wait_for_workers, wait_until,
                              worker_addresses)
 from .backends import LocalBackend

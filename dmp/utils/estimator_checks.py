@@ -218,7 +218,8 @@ def _is_local(backend) -> bool:
 def check_resume(estimator, X, y=None, *, stop_at: int, backend="local", fit_params=None,
                  result=None, rtol=0.0, atol=0.0, history=(),
                  rounds: str = "history_", same_rounds: bool = True, exact_stop: bool = False,
-                 reference=None, other_params=None, checkpoint_round=None, directory=None):
+                 reference=None, other_params=None, checkpoint_round=None,
+                 resume_params=None, directory=None):
     """A fit stopped after round ``stop_at`` and continued with ``resume=True`` from its
     checkpoint gives the uninterrupted fit's result and history.
 
@@ -245,10 +246,14 @@ def check_resume(estimator, X, y=None, *, stop_at: int, backend="local", fit_par
         The uninterrupted fit with the same parameters (made here when not given).
     other_params : dict, optional
         Parameters of another fit: resuming the checkpoint with them must be refused with a
-        ``ValueError`` saying it is a different fit and naming the parameters.
+        ``ValueError`` saying it is a "different fit (differs in: <their names>)".
     checkpoint_round : int, optional
         The round the last checkpoint before ``stop_at`` must be of, when the estimator's
         ``checkpoint_every`` counts rounds (checked in process).
+    resume_params : dict, optional
+        Parameters the resumed fit changes, which its checkpoint does not hold (e.g. a larger
+        ``checkpoint_every``: writing a checkpoint every few rounds is what slows a small
+        fit most).
     directory : path, optional
         Where the checkpoint goes (a temporary folder, removed afterwards, by default).
     """
@@ -291,16 +296,16 @@ def check_resume(estimator, X, y=None, *, stop_at: int, backend="local", fit_par
                 _fit(_variant(estimator, checkpoint=ckpt, resume=True, **run_on,
                               **other_params), X, y, fit_params)
             except ValueError as exc:
-                if "different fit" not in str(exc) or not all(p in str(exc)
-                                                              for p in other_params):
+                said = f"different fit (differs in: {', '.join(sorted(other_params))})"
+                if said not in str(exc):
                     raise AssertionError(f"{name}: resuming with {other_params} was refused, "
-                                         f"but the message does not say the checkpoint is of "
-                                         f"a different fit and how it differs: {exc}") from exc
+                                         f"but the message does not say {said!r}: "
+                                         f"{exc}") from exc
             else:
                 raise AssertionError(f"{name} resumed a checkpoint written with other "
                                      f"parameters ({other_params}) without complaint")
-        resumed = _fit(_variant(estimator, checkpoint=ckpt, resume=True, **run_on),
-                       X, y, fit_params)
+        resumed = _fit(_variant(estimator, checkpoint=ckpt, resume=True, **run_on,
+                                **(resume_params or {})), X, y, fit_params)
     h_res = _rounds(resumed, rounds)
     np_round = np.asarray(h_res["round"])
     expected = n_rounds if same_rounds else len(np_round)
