@@ -108,3 +108,26 @@ def cluster3():
 @pytest.fixture(scope="module")
 def dask_client():
     yield from _local_client(2, logging.ERROR)
+
+
+@pytest.fixture(scope="session")
+def _session_cluster():
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address=":0", silence_logs=logging.ERROR) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def shared_client(_session_cluster):
+    """A client, current for the module's tests, of one cluster of two single-threaded worker
+    processes that the whole session shares: its workers start, and load dmp's kernels, once
+    instead of once per module.  For modules whose tests leave the cluster as they found it
+    (a worker they kill is back before they end) and count nothing it saw before them (not
+    the monitor's fits)."""
+    from distributed import Client
+
+    with Client(_session_cluster) as client:
+        client.wait_for_workers(2, timeout=60)
+        yield client

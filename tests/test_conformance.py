@@ -2,7 +2,7 @@
 
 Each `Case` is an estimator with small, fast parameters, its data, and how its results
 compare; each test below runs one contract of `dmp.utils.estimator_checks` over the cases it
-applies to, on one 2-worker LocalCluster (``dask_client``) and in process.  The contracts:
+applies to, on one 2-worker LocalCluster (``shared_client``) and in process.  The contracts:
 
 * ``backends``: the fit on Dask is the in-process fit, round for round;
 * ``bytes``: every round counts the bytes of each primitive, the same on both backends;
@@ -305,10 +305,10 @@ def test_every_estimator_keeps_every_contract():
 
 
 @pytest.mark.parametrize("case", _cases("backends"))
-def test_backends_agree(dask_client, case):
+def test_backends_agree(shared_client, case):
     X, y, fit_params = _data(case)
-    local, remote = _fitted(case, "local", dask_client), _fitted(case, "dask", dask_client)
-    checks.check_backends_agree(_estimator(case), X, y, client=dask_client,
+    local, remote = _fitted(case, "local", shared_client), _fitted(case, "dask", shared_client)
+    checks.check_backends_agree(_estimator(case), X, y, client=shared_client,
                                 fit_params=fit_params, fitted=(local, remote),
                                 **_compare(case))
     if case.extra is not None:
@@ -316,12 +316,12 @@ def test_backends_agree(dask_client, case):
 
 
 @pytest.mark.parametrize("case", _cases("bytes"))
-def test_bytes_accounted(dask_client, case):
+def test_bytes_accounted(shared_client, case):
     X, y, fit_params = _data(case)
-    checks.check_bytes_accounted(_estimator(case), X, y, client=dask_client,
+    checks.check_bytes_accounted(_estimator(case), X, y, client=shared_client,
                                  fit_params=fit_params, rounds=case.rounds,
-                                 fitted=(_fitted(case, "local", dask_client),
-                                         _fitted(case, "dask", dask_client)))
+                                 fitted=(_fitted(case, "local", shared_client),
+                                         _fitted(case, "dask", shared_client)))
 
 
 def _resume_params():
@@ -330,13 +330,13 @@ def _resume_params():
 
 
 @pytest.mark.parametrize("case, where", _resume_params())
-def test_resume(dask_client, tmp_path, case, where):
+def test_resume(shared_client, tmp_path, case, where):
     X, y, fit_params = _data(case)
     kw = {k: v for k, v in case.resume.items() if k not in ("backends", "rtol", "atol")}
     checks.check_resume(_estimator(case), X, y,
-                        backend="local" if where == "local" else dask_client,
+                        backend="local" if where == "local" else shared_client,
                         fit_params=fit_params, directory=tmp_path,
-                        reference=_fitted(case, where, dask_client),
+                        reference=_fitted(case, where, shared_client),
                         **kw, **_compare(case, case.resume))
 
 
@@ -347,19 +347,89 @@ def test_refuses_bad_input(case):
 
 
 @pytest.mark.parametrize("case", _cases("pickle"))
-def test_pickle(dask_client, case):
+def test_pickle(shared_client, case):
     X, y, fit_params = _data(case)
     checks.check_pickle(_estimator(case), X, y, fit_params=fit_params,
-                        fitted=_fitted(case, "local", dask_client),
+                        fitted=_fitted(case, "local", shared_client),
                         result=_compare(case)["result"])
 
 
 @pytest.mark.parametrize("case", _cases("clone"))
-def test_clone(dask_client, case):
+def test_clone(shared_client, case):
     X, y, fit_params = _data(case)
-    checks.check_clone(_estimator(case), X, y, client=dask_client, fit_params=fit_params,
-                       fitted=_fitted(case, "local", dask_client),
+    checks.check_clone(_estimator(case), X, y, client=shared_client, fit_params=fit_params,
+                       fitted=_fitted(case, "local", shared_client),
                        result=_compare(case)["result"])
+
+
+# ------------------------------------------------------- each estimator check can fail
+
+
+class ImputesMissingCounts(LatentDirichletAllocation):
+    """Reads a NaN or an infinity in the counts as no count."""
+
+    def fit(self, X, y=None):
+        X = X.copy()
+        X.data = np.nan_to_num(X.data, nan=0.0, posinf=0.0)
+        return super().fit(X, y)
+
+
+class CountsMebibytes(MatrixFactorization):
+    """Reports its ring bytes in MiB."""
+
+    def fit(self, X, y=None, **kw):
+        super().fit(X, y, **kw)
+        self.history_["bytes_ring"] = self.history_["bytes_ring"] / 2**20
+        return self
+
+
+class DropsItsItemFactors(MatrixFactorization):
+    """Leaves its item factors out of its pickle."""
+
+    def __getstate__(self):
+        state = dict(super().__getstate__())
+        state.pop("item_factors_", None)
+        return state
+
+
+class ForgetsItsCallback(Lasso):
+    """Clones itself by hand, with every parameter but one."""
+
+    def __sklearn_clone__(self):
+        params = self.get_params(deep=False)
+        params.pop("callback")
+        return type(self)(**params)
+
+
+def test_each_estimator_check_fails_on_an_estimator_that_breaks_it(shared_client, tmp_path):
+    X, _, _ = lda_corpus(n_docs=40, n_words=60, n_topics=3, doc_len=20, seed=9)
+    kw = dict(max_iter=3, n_workers=2)
+    with pytest.raises(AssertionError, match="on Dask against in process: topic_word_counts_"):
+        checks.check_backends_agree(LatentDirichletAllocation(3, random_state=None, **kw), X,
+                                    client=shared_client)
+    with pytest.raises(AssertionError, match="accepted X with a NaN"):
+        checks.check_refuses_bad_input(ImputesMissingCounts(3, random_state=0, **kw), X)
+    R = _ratings()[0]
+    mf = dict(n_components=3, max_iter=2, tol=None, n_workers=2, random_state=0)
+    with pytest.raises(AssertionError, match=r"bytes_ring'\] must hold one integer per round"):
+        checks.check_bytes_accounted(CountsMebibytes(**mf), R, client=shared_client)
+    with pytest.raises(AssertionError, match="fitted attributes after pickling: the entries "
+                                             r"differ: \['item_factors_'\]"):
+        checks.check_pickle(DropsItsItemFactors(**mf), R)
+    Xl, yl, _ = _problem()
+    lasso = _lasso("priority")(Xl, yl)
+    with pytest.raises(AssertionError, match=r"clone\(ForgetsItsCallback\) did not keep its "
+                                             r"backend and callback .* callback None"):
+        checks.check_clone(ForgetsItsCallback(**lasso.get_params()), Xl, yl,
+                           client=shared_client)
+    # the Lasso resumes to rounding (its residual is recomputed), not exactly
+    with pytest.raises(AssertionError, match=r"resumed fit's history_\['round'\] is not rounds "
+                                             r"0 to \d+ \(the uninterrupted fit's\)"):
+        checks.check_resume(lasso, Xl, yl, stop_at=35, directory=tmp_path)
+    # a fit that loses no worker (this one ends before the kill is due) proves nothing
+    with pytest.raises(AssertionError, match="the fit ended before round 1000000"):
+        checks.check_worker_loss(lasso, Xl, yl, client=shared_client, at=10**6,
+                                 directory=tmp_path)
 
 
 # ------------------------------------------------------------------- programs (README's)
@@ -518,29 +588,29 @@ def _w(program, result):
 MAX_ITER = 30
 
 
-def test_the_readme_program_keeps_every_contract(dask_client):
-    done = check_program(LeastSquaresGD, client=dask_client, max_iter=MAX_ITER, result=_w,
+def test_the_readme_program_keeps_every_contract(shared_client):
+    done = check_program(LeastSquaresGD, client=shared_client, max_iter=MAX_ITER, result=_w,
                          worker_loss=False)
     assert done == {"pickles": None, "bytes": None, "backends": None,
                     "resume": "the program does not implement load_driver_state",
                     "worker loss": "worker_loss=False"}
-    done = check_program(ResumableGD, client=dask_client, max_iter=MAX_ITER, result=_w,
+    done = check_program(ResumableGD, client=shared_client, max_iter=MAX_ITER, result=_w,
                          worker_loss=False)
     assert done == {"pickles": None, "bytes": None, "resume": None, "resume on Dask": None,
                     "backends": None, "worker loss": "worker_loss=False"}
 
 
 @pytest.mark.slow
-def test_a_program_survives_a_worker_loss(dask_client):
-    check_program_worker_loss(ResumableGD, client=dask_client, max_iter=MAX_ITER, result=_w,
+def test_a_program_survives_a_worker_loss(shared_client):
+    check_program_worker_loss(ResumableGD, client=shared_client, max_iter=MAX_ITER, result=_w,
                               checkpoint_every=5)
 
 
-def test_each_program_check_fails_on_the_program_that_breaks_it(dask_client):
+def test_each_program_check_fails_on_the_program_that_breaks_it(shared_client):
     kw = dict(max_iter=MAX_ITER)
     with pytest.raises(AssertionError, match="on Dask against in process"):
-        check_program_backends(MomentumOnTheProgram, client=dask_client, **kw)
-    check_program_backends(ResumableGD, client=dask_client, **kw)
+        check_program_backends(MomentumOnTheProgram, client=shared_client, **kw)
+    check_program_backends(ResumableGD, client=shared_client, **kw)
     with pytest.raises(AssertionError, match="resumed against uninterrupted"):
         check_program_resume(ForgetsTheStep, stop_at=12, checkpoint_every=5, **kw)
     check_program_resume(ResumableGD, stop_at=12, checkpoint_every=5, **kw)
@@ -554,9 +624,9 @@ def test_each_program_check_fails_on_the_program_that_breaks_it(dask_client):
 
 
 @pytest.mark.slow
-def test_the_worker_loss_check_fails_on_a_program_that_starts_over_wrongly(dask_client):
+def test_the_worker_loss_check_fails_on_a_program_that_starts_over_wrongly(shared_client):
     with pytest.raises(AssertionError, match="after a worker loss against undisturbed"):
-        check_program_worker_loss(StartsFromItsOwnModel, client=dask_client,
+        check_program_worker_loss(StartsFromItsOwnModel, client=shared_client,
                                   max_iter=MAX_ITER, result=_w)
 
 
@@ -565,9 +635,9 @@ def test_the_worker_loss_check_fails_on_a_program_that_starts_over_wrongly(dask_
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", _cases("worker_loss"))
-def test_worker_loss(dask_client, tmp_path, case):
+def test_worker_loss(shared_client, tmp_path, case):
     X, y, fit_params = _data(case)
     kw = {k: v for k, v in case.loss.items() if k not in ("rtol", "atol")}
-    checks.check_worker_loss(_estimator(case), X, y, client=dask_client, fit_params=fit_params,
-                             directory=tmp_path, reference=_fitted(case, "local", dask_client),
+    checks.check_worker_loss(_estimator(case), X, y, client=shared_client, fit_params=fit_params,
+                             directory=tmp_path, reference=_fitted(case, "local", shared_client),
                              **kw, **_compare(case, case.loss))

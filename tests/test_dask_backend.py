@@ -42,40 +42,40 @@ def test_matches_sklearn(schedule):
     assert np.array_equal(np.flatnonzero(local.coef_), np.flatnonzero(sk.coef_))
 
 
-def test_auto_backend_uses_active_client(dask_client):
+def test_auto_backend_uses_active_client(shared_client):
     X, y = make_problem(seed=1)
     est = Lasso(alpha=0.05 * alpha_max(X, y), tol=1e-8, random_state=0).fit(X, y)
     # one partition per Dask worker, with push times from both
     assert est.history_["push_s"].shape[1] == 2
 
 
-def test_cluster_workers_is_never_empty_on_a_live_cluster(dask_client):
+def test_cluster_workers_is_never_empty_on_a_live_cluster(shared_client):
     """``Client.scheduler_info()`` can return a cached identity without workers (its
     periodic refresh races the fetch; it failed CI); ``cluster_workers`` asks directly."""
     import dask
     from distributed import Client
 
     with dask.config.set({"distributed.client.scheduler-info-interval": "5ms"}), \
-            Client(dask_client.scheduler.address, set_as_default=False) as client:
+            Client(shared_client.scheduler.address, set_as_default=False) as client:
         sizes = {len(cluster_workers(client)) for _ in range(400)}
     assert sizes == {2}
 
 
-def test_explicit_client_backend(dask_client):
+def test_explicit_client_backend(shared_client):
     """``backend=client`` runs on that client's cluster even when another client is current."""
     from distributed import Client
 
     X, y = make_problem(seed=2)
     kw = dict(alpha=0.05 * alpha_max(X, y), tol=1e-8, random_state=0)
     ref = Lasso(backend="local", n_workers=2, **kw).fit(X, y)
-    with Client(dask_client.scheduler.address, set_as_default=False) as other:
+    with Client(shared_client.scheduler.address, set_as_default=False) as other:
         est = Lasso(backend=other, **kw).fit(X, y)
         assert other.direct_to_workers is not True  # restored after the fit
-    assert est.history_["push_s"].shape[1] == len(cluster_workers(dask_client)) == 2
+    assert est.history_["push_s"].shape[1] == len(cluster_workers(shared_client)) == 2
     np.testing.assert_allclose(est.coef_, ref.coef_, rtol=0, atol=1e-13)
 
 
-def test_clone_and_cross_validation_share_the_client(dask_client):
+def test_clone_and_cross_validation_share_the_client(shared_client):
     """A ``Client`` given as ``backend`` survives ``sklearn.base.clone`` by reference (it is a
     connection, not a value: every estimator's clone contract, tests/test_conformance.py), so
     model selection runs on the cluster."""
@@ -83,13 +83,13 @@ def test_clone_and_cross_validation_share_the_client(dask_client):
     from sklearn.model_selection import cross_val_score
 
     X, y = make_problem(seed=4)
-    est = Lasso(alpha=0.05 * alpha_max(X, y), backend=dask_client, random_state=0)
+    est = Lasso(alpha=0.05 * alpha_max(X, y), backend=shared_client, random_state=0)
     scores = cross_val_score(est, X, y, cv=2)
     local = cross_val_score(clone(est).set_params(backend="local", n_workers=2), X, y, cv=2)
     np.testing.assert_allclose(scores, local, rtol=1e-9)
 
 
-def test_workers_load_their_shards_from_the_store(dask_client, tmp_path):
+def test_workers_load_their_shards_from_the_store(shared_client, tmp_path):
     """Only the dataset handle travels: the program shipped to the workers is tiny."""
     X, y = make_problem(n=400, p=3000, density=0.05)
     ds = write_sparse(tmp_path / "d.zarr", X, y, n_shards=4)

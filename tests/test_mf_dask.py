@@ -12,7 +12,7 @@ from mf_reference import low_rank_ratings
 pytestmark = pytest.mark.dask
 
 
-def test_store_on_more_partitions_than_workers_and_bounded_broadcasts(dask_client, tmp_path):
+def test_store_on_more_partitions_than_workers_and_bounded_broadcasts(shared_client, tmp_path):
     """Read from a store by the workers; each round moves the items' partial sums (CCD++)
     between the partitions, never a whole factor matrix, and nothing from the driver."""
     tr, te = low_rank_ratings(n=200, m=150, k=3, density=0.2, seed=9)
@@ -42,13 +42,13 @@ def test_store_on_more_partitions_than_workers_and_bounded_broadcasts(dask_clien
     assert h["bytes_push"][1:].max() <= P * (8 * 7 * n_items + 4096)
 
 
-def test_ccdpp_rounds_run_in_batches_and_stop_where_in_process_stops(dask_client):
+def test_ccdpp_rounds_run_in_batches_and_stop_where_in_process_stops(shared_client):
     """CCD++ rounds run in batches on Dask; a fit stopped by ``tol`` ends after the same
     iteration, with the same factors, as in process."""
     tr, te = low_rank_ratings(n=150, m=100, k=3, density=0.3, seed=12)
     kw = dict(alpha=1.0, max_iter=60, tol=1e-3, n_workers=2, random_state=4)
     local = MatrixFactorization(5, backend="local", **kw).fit(tr, X_val=te)
-    remote = MatrixFactorization(5, backend=dask_client, **kw).fit(tr, X_val=te)
+    remote = MatrixFactorization(5, backend=shared_client, **kw).fit(tr, X_val=te)
     assert 2 < local.n_iter_ < 60
     assert remote.n_iter_ == local.n_iter_
     np.testing.assert_array_equal(remote.user_factors_, local.user_factors_)
@@ -59,11 +59,11 @@ def test_ccdpp_rounds_run_in_batches_and_stop_where_in_process_stops(dask_client
     np.testing.assert_array_equal(local.history_["batch"], local.history_["round"])
 
 
-def test_ccd_blocks_limit_what_is_in_flight(dask_client):
+def test_ccd_blocks_limit_what_is_in_flight(shared_client):
     tr, _ = low_rank_ratings(n=100, m=80, k=3, density=0.3, seed=10)
     k, bs = 6, 2
     mf = MatrixFactorization(k, method="ccd", block_size=bs, alpha=0.1, max_iter=2, tol=None,
-                             backend=dask_client, n_workers=2, random_state=0).fit(tr)
+                             backend=shared_client, n_workers=2, random_state=0).fit(tr)
     assert mf.block_size_ == bs
     h = mf.history_
     # 3 blocks per half: a worker sends the other one its part of the deltas of one block
@@ -76,12 +76,12 @@ def test_ccd_blocks_limit_what_is_in_flight(dask_client):
     assert max(h["bytes_pull"][1:].max(), h["bytes_push"][1:].max()) <= 1024
 
 
-def test_factors_store_written_by_the_workers(dask_client, tmp_path, foreign):
+def test_factors_store_written_by_the_workers(shared_client, tmp_path, foreign):
     tr, te = low_rank_ratings(n=80, m=60, k=2, density=0.3, seed=11)
     kw = dict(alpha=0.1, max_iter=3, tol=None, n_workers=2, random_state=0)
     ref = MatrixFactorization(3, backend="local", **kw).fit(tr)
     store = tmp_path / "factors.zarr"
-    mf = MatrixFactorization(3, backend=dask_client, factors_store=str(store), **kw).fit(tr)
+    mf = MatrixFactorization(3, backend=shared_client, factors_store=str(store), **kw).fit(tr)
     assert not isinstance(mf.user_factors_, np.ndarray)  # lazy, read from the store
     np.testing.assert_array_equal(np.asarray(mf.user_factors_), ref.user_factors_)
     np.testing.assert_array_equal(np.asarray(mf.item_factors_), ref.item_factors_)
@@ -89,9 +89,9 @@ def test_factors_store_written_by_the_workers(dask_client, tmp_path, foreign):
     # no temporaries (beside the foreign files the fixture put there)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["factors.zarr", "file.txt", "notes"]
     # a second fit replaces its own store; anything else at the path is refused up front
-    again = MatrixFactorization(3, backend=dask_client, factors_store=str(store), **kw).fit(tr)
+    again = MatrixFactorization(3, backend=shared_client, factors_store=str(store), **kw).fit(tr)
     np.testing.assert_array_equal(np.asarray(again.user_factors_), ref.user_factors_)
     for other in (*foreign.paths, tmp_path / "factors.zarr" / "zarr.json"):
         with pytest.raises(FileExistsError, match="is not a factors store"):
-            MatrixFactorization(3, backend=dask_client, factors_store=str(other), **kw).fit(tr)
+            MatrixFactorization(3, backend=shared_client, factors_store=str(other), **kw).fit(tr)
     assert foreign.untouched()

@@ -26,7 +26,7 @@ def _precision(ba, Db, Q, n_bits=16):
     return retrieval_precision(found, truth)[0]
 
 
-def test_dask_array_input_is_written_by_blocks_and_gives_the_numpy_model(cluster3, digits):
+def test_dask_array_input_is_written_by_blocks_and_gives_the_numpy_model(shared_client, digits):
     da = pytest.importorskip("dask.array")
     Db, _ = digits
     kw = dict(max_iter=3, random_state=0, n_workers=2, backend="dask")
@@ -39,7 +39,7 @@ def test_dask_array_input_is_written_by_blocks_and_gives_the_numpy_model(cluster
         BinaryAutoencoder(16, **kw).fit(bad)
 
 
-def test_stored_points_and_a_shard_that_joins(cluster3, digits, tmp_path):
+def test_stored_points_and_a_shard_that_joins(shared_client, digits, tmp_path):
     Db, Q = digits
     ds = write_dense(tmp_path / "pts.zarr", Db[:1000], n_shards=3)
     ds = append_dense_shard(ds, Db[1000:])

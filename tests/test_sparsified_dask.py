@@ -7,7 +7,7 @@ from dmp.io import write_sparse_rows
 from dmp.linear_model import SparsifiedSGDRegressor
 
 
-def test_more_partitions_than_workers_from_a_store(dask_client, tmp_path):
+def test_more_partitions_than_workers_from_a_store(shared_client, tmp_path):
     rng = np.random.default_rng(0)
     X = rng.standard_normal((400, 40))
     y = X @ rng.standard_normal(40) + 0.1 * rng.standard_normal(400)

@@ -41,9 +41,9 @@ from sklearn.exceptions import ConvergenceWarning
 from ..engine import CheckpointStore
 from ._checks import _die, assert_same, victim, wait_for_workers, wait_until, worker_addresses
 
-__all__ = ["fitted_result", "assert_same_fit", "check_backends_agree", "check_bytes_accounted",
-           "check_resume", "check_worker_loss", "check_refuses_bad_input", "check_pickle",
-           "check_clone"]
+__all__ = ["fitted_result", "assert_same_fit", "fit_local", "fit_dask", "bad_inputs",
+           "check_backends_agree", "check_bytes_accounted", "check_resume", "check_worker_loss",
+           "check_refuses_bad_input", "check_pickle", "check_clone"]
 
 #: fitted attributes that are not part of a fit's result: how it went, not what it found
 NOT_RESULTS = ("history_", "round_history_", "recoveries_", "wall_time_")
@@ -520,7 +520,12 @@ def check_pickle(estimator, X, y=None, *, fit_params=None, fitted=None, result=N
     """
     name = type(estimator).__name__
     fitted = fitted or _fit(_variant(estimator, backend="local"), X, y, fit_params)
-    restored = pickle.loads(pickle.dumps(fitted))
+    try:
+        blob = pickle.dumps(fitted)
+    except Exception as exc:
+        raise AssertionError(f"a fitted {name} cannot be pickled: {type(exc).__name__}: "
+                             f"{exc}") from exc
+    restored = pickle.loads(blob)
     if type(restored) is not type(fitted):
         raise AssertionError(f"{name} unpickled as {type(restored).__name__}")
     assert_same(restored.get_params(deep=False), fitted.get_params(deep=False),
@@ -528,7 +533,13 @@ def check_pickle(estimator, X, y=None, *, fit_params=None, fitted=None, result=N
     assert_same((result or fitted_result)(restored), (result or fitted_result)(fitted),
                 what=f"{name}'s fitted attributes after pickling")
     outputs = outputs or (lambda est: _outputs(est, X, y))
-    assert_same(outputs(restored), outputs(fitted), what=f"{name}'s outputs after pickling")
+    want = outputs(fitted)
+    try:
+        got = outputs(restored)
+    except Exception as exc:
+        raise AssertionError(f"the unpickled {name} cannot give its outputs: "
+                             f"{type(exc).__name__}: {exc}") from exc
+    assert_same(got, want, what=f"{name}'s outputs after pickling")
     return restored
 
 
@@ -543,12 +554,16 @@ def check_clone(estimator, X, y=None, *, client=None, fit_params=None, fitted=No
     name = type(estimator).__name__
     backend = client if client is not None else "local"
     original = _variant(estimator, backend=backend, callback=_never_stop)
-    twin = clone(original)
+    try:
+        twin = clone(original)
+    except Exception as exc:
+        raise AssertionError(f"clone({name}) with backend {backend!r} failed: "
+                             f"{type(exc).__name__}: {exc}") from exc
     if twin is original:
         raise AssertionError(f"clone({name}) returned the estimator itself")
     if twin.backend is not backend or twin.callback is not _never_stop:
-        raise AssertionError(f"clone({name}) copied its backend or callback instead of "
-                             f"keeping them: backend {twin.backend!r}, callback "
+        raise AssertionError(f"clone({name}) did not keep its backend and callback (the same "
+                             f"objects): backend {twin.backend!r}, callback "
                              f"{twin.callback!r}")
     assert_same(twin.get_params(deep=False), original.get_params(deep=False),
                 what=f"clone({name})'s parameters")
