@@ -64,8 +64,8 @@ def _assert_value(got, want, *, rtol, atol, what) -> None:
         if not np.array_equal(g, w):
             bad = np.flatnonzero(np.ravel(g != w))
             raise AssertionError(f"{what} differs at {bad.size} of {w.size} entries (first at "
-                                 f"flat index {bad[0]}: {np.ravel(g)[bad[0]]!r}, expected "
-                                 f"{np.ravel(w)[bad[0]]!r})")
+                                 f"flat index {bad[0]}: {np.ravel(g)[bad[0]]}, expected "
+                                 f"{np.ravel(w)[bad[0]]})")
         return
     close = np.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
     if not np.all(close):
@@ -76,8 +76,8 @@ def _assert_value(got, want, *, rtol, atol, what) -> None:
         bound = "exactly" if rtol == 0 and atol == 0 else f"within rtol={rtol:g}, atol={atol:g}"
         raise AssertionError(
             f"{what} differs at {bad.size} of {w.size} entries, not {bound}: the largest "
-            f"difference is {diff[i].real:.3g} at flat index {i} ({np.ravel(g)[i]!r}, "
-            f"expected {np.ravel(w)[i]!r})")
+            f"difference is {diff[i].real:.3g} at flat index {i} ({np.ravel(g)[i]!s}, "
+            f"expected {np.ravel(w)[i]!s})")
 
 
 # ----------------------------------------------------------------------------- a lost worker
