@@ -373,23 +373,6 @@ def test_score_perplexity_and_top_words():
         lda.top_words(2, vocab[:-1])
 
 
-def test_resume_from_checkpoint_gives_the_uninterrupted_result(tmp_path):
-    X, _, _ = lda_corpus(n_docs=80, n_words=100, n_topics=4, doc_len=30, seed=6)
-    # a checkpoint holds each partition's totals with the changes received for its next
-    # sub-round, so the resumed chain is the uninterrupted one
-    kw = dict(max_iter=8, backend="local", n_workers=2, random_state=3, checkpoint_every=2)
-    full = LatentDirichletAllocation(4, **kw).fit(X)
-    ck = str(tmp_path / "ck.zarr")
-    stop = LatentDirichletAllocation(4, checkpoint=ck, callback=lambda r, m: r == 11,
-                                     **kw).fit(X)
-    assert stop.n_iter_ < 8
-    with pytest.raises(ValueError, match=r"different fit \(differs in: sampler\)"):
-        LatentDirichletAllocation(4, checkpoint=ck, resume=True, sampler="dense", **kw).fit(X)
-    resumed = LatentDirichletAllocation(4, checkpoint=ck, resume=True, **kw).fit(X)
-    np.testing.assert_array_equal(resumed.topic_word_counts_, full.topic_word_counts_)
-    assert resumed.log_likelihood_ == full.log_likelihood_
-
-
 # ---------------------------------------------------------------- input and conventions
 @pytest.mark.parametrize("X, match", [
     (sp.csr_matrix(np.array([[1.0, 2.0], [0.0, 0.0]])), "empty document"),

@@ -12,25 +12,6 @@ from test_lda import lda_corpus
 pytestmark = [pytest.mark.dask, pytest.mark.timeout(240)]
 
 
-@pytest.mark.parametrize("sampler", ["sparse", "dense"])
-def test_dask_gives_the_local_assignments(dask_client, sampler):
-    X, _, _ = lda_corpus(n_docs=120, n_words=150, n_topics=5, doc_len=40, seed=7)
-    kw = dict(max_iter=6, sampler=sampler, random_state=4, n_workers=2)
-    local = LatentDirichletAllocation(5, backend="local", **kw).fit(X)
-    remote = LatentDirichletAllocation(5, backend=dask_client, **kw).fit(X)
-    np.testing.assert_array_equal(remote.topic_word_counts_, local.topic_word_counts_)
-    assert remote.log_likelihood_ == local.log_likelihood_
-    np.testing.assert_array_equal(remote.history_["ll_per_token"], local.history_["ll_per_token"])
-    # the blocks travelled: each sub-round all 150 word rows moved between the two workers
-    assert np.all(remote.history_["bytes_ring"] == local.history_["bytes_ring"])
-    assert remote.history_["push_s"].shape[1] == 2
-    # the sampling sub-rounds ran in batches (one call per worker for several); in process
-    # round by round
-    batched = remote.history_["batch"] != remote.history_["round"]
-    assert batched.sum() >= 6 and not batched[:3].any()
-    assert np.all(local.history_["batch"] == local.history_["round"])
-
-
 def test_corpus_store_read_by_the_workers(dask_client, tmp_path):
     X, _, _ = lda_corpus(n_docs=90, n_words=120, n_topics=4, doc_len=30, seed=8)
     ds = write_sparse_rows(tmp_path / "corpus.zarr", X, np.zeros(90), n_shards=4)

@@ -12,19 +12,6 @@ from mf_reference import low_rank_ratings
 pytestmark = pytest.mark.dask
 
 
-@pytest.mark.parametrize("method", ["ccd++", "ccd"])
-def test_dask_matches_local_exactly(dask_client, method):
-    tr, te = low_rank_ratings(n=120, m=90, k=3, density=0.3, seed=8)
-    kw = dict(alpha=0.1, method=method, block_size=2, max_iter=4, tol=None, n_workers=2,
-              random_state=3)
-    local = MatrixFactorization(4, backend="local", **kw).fit(tr, X_val=te)
-    remote = MatrixFactorization(4, backend=dask_client, **kw).fit(tr, X_val=te)
-    np.testing.assert_array_equal(remote.user_factors_, local.user_factors_)
-    np.testing.assert_array_equal(remote.item_factors_, local.item_factors_)
-    np.testing.assert_array_equal(remote.history_["objective"], local.history_["objective"])
-    np.testing.assert_array_equal(remote.history_["valid_rmse"], local.history_["valid_rmse"])
-
-
 def test_store_on_more_partitions_than_workers_and_bounded_broadcasts(dask_client, tmp_path):
     """Read from a store by the workers; each round moves the items' partial sums (CCD++)
     between the partitions, never a whole factor matrix, and nothing from the driver."""

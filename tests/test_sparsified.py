@@ -420,19 +420,6 @@ def test_partial_fit_takes_the_declared_classes_on_the_first_call():
     assert named.classes_.tolist() == ["a", "b"] and set(named.predict(X)) <= {"a", "b"}
 
 
-def test_checkpoint_resume_gives_the_same_result(tmp_path):
-    X, y = breast_cancer()
-    kw = dict(alpha=1e-2, method="isaga", batch_size=8, n_workers=3, max_iter=120,
-              tol=None, backend="local", random_state=0)
-    full = SparsifiedSGDClassifier(**kw).fit(X, y)
-    ckpt = str(tmp_path / "ck.zarr")
-    SparsifiedSGDClassifier(checkpoint=ckpt, checkpoint_every=25,
-                            callback=lambda r, m: r >= 60, **kw).fit(X, y)
-    res = SparsifiedSGDClassifier(checkpoint=ckpt, resume=True, **kw).fit(X, y)
-    np.testing.assert_allclose(res.coef_, full.coef_, rtol=0, atol=1e-13)
-    assert len(res.history_["objective"]) == len(full.history_["objective"])
-
-
 # --------------------------------------------------------------------------- API
 
 
