@@ -106,10 +106,25 @@ def cluster3():
 
 
 @pytest.fixture(scope="session")
-def dask_client():
-    """Two single-threaded worker processes, shared by every module that asks for them (a
-    cluster's start and its workers' first imports cost seconds on two cores)."""
-    yield from _local_client(2, logging.ERROR)
+def _session_cluster():
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def dask_client(_session_cluster):
+    """A client, the default one for the module's tests, of two single-threaded worker
+    processes that every module asking for them shares (a cluster's start and its workers'
+    first imports cost seconds on two cores); no client is left as the default after the
+    module, as tests of what happens without one need."""
+    from distributed import Client
+
+    with Client(_session_cluster) as client:
+        client.wait_for_workers(2, timeout=60)
+        yield client
 
 
 @pytest.fixture(autouse=True)
