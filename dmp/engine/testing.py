@@ -25,8 +25,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 
-from ..utils._checks import (_die, assert_same, victim, wait_for_workers, wait_until,
-                             worker_addresses)
+from ..utils._checks import assert_same, kill_when, wait_for_workers, worker_addresses
 from .backends import LocalBackend
 from .checkpoint import CheckpointStore
 from .comm import payload_nbytes
@@ -253,20 +252,7 @@ def check_program_worker_loss(program_factory, *, client, at=None, n_partitions:
     if at is None:
         at = max(1, ref[1].n_rounds // 3)
     n_cluster = len(worker_addresses(client))
-    fired: list = []
-    gone: list = []
-
-    def kill(round, metrics):
-        if not fired:
-            if round >= at:
-                fired.append((round, victim(client)))
-                client.run(_die, workers=[fired[0][1]], wait=False)
-        elif not gone:
-            wait_until(lambda: fired[0][1] not in worker_addresses(client), 60.0,
-                       f"the worker at {fired[0][1]} was sent SIGKILL but the scheduler "
-                       f"still lists it")
-            gone.append(round)
-        return False
+    kill, fired = kill_when(client, lambda r, m: r >= at)
 
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         extra = {} if checkpoint_every is None else {

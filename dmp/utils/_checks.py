@@ -134,3 +134,26 @@ def victim(client) -> str:
     of a cluster with at least as many partitions as workers)."""
     names = worker_names(client)
     return max(names, key=lambda a: str(names[a]))
+
+
+def kill_when(client, due):
+    """``(callback, fired)``: a fit callback that sends SIGKILL to one worker (`victim`) at the
+    first round where ``due(round, metrics)`` holds, and at the next round waits until the
+    scheduler no longer lists it, so the loss happens within the fit.  ``fired`` gets
+    ``(round, address)`` once the kill is sent."""
+    fired: list = []
+    gone: list = []
+
+    def kill(round, metrics):
+        if not fired:
+            if due(round, metrics):
+                fired.append((round, victim(client)))
+                client.run(_die, workers=[fired[0][1]], wait=False)
+        elif not gone:
+            wait_until(lambda: fired[0][1] not in worker_addresses(client), 60.0,
+                       f"the worker at {fired[0][1]} was sent SIGKILL but the scheduler "
+                       f"still lists it")
+            gone.append(round)
+        return False
+
+    return kill, fired

@@ -39,7 +39,7 @@ from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 
 from ..engine import CheckpointStore
-from ._checks import _die, assert_same, victim, wait_for_workers, wait_until, worker_addresses
+from ._checks import assert_same, kill_when, wait_for_workers, worker_addresses
 
 __all__ = ["fitted_result", "assert_same_fit", "fit_local", "fit_dask", "bad_inputs",
            "check_backends_agree", "check_bytes_accounted", "check_resume", "check_worker_loss",
@@ -362,21 +362,7 @@ def check_worker_loss(estimator, X, y=None, *, client, at=None, fit_params=None,
     if at is None:
         at = max(1, n_rounds // 3)
     due = at if callable(at) else (lambda r, m: r >= at)
-    fired: list = []
-    gone: list = []
-
-    def kill(round, metrics):
-        if not fired:
-            if due(round, metrics):
-                fired.append((round, victim(client)))
-                client.run(_die, workers=[fired[0][1]], wait=False)
-        elif not gone:
-            # the next round: make sure the loss happened within the fit
-            wait_until(lambda: fired[0][1] not in worker_addresses(client), 60.0,
-                       f"the worker at {fired[0][1]} was sent SIGKILL but the scheduler "
-                       f"still lists it")
-            gone.append(round)
-        return False
+    kill, fired = kill_when(client, due)
 
     params = estimator.get_params()
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
