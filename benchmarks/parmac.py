@@ -217,8 +217,8 @@ def speedup(n_points, dim, bits, repeats, max_iter, log):
                                         backend="dask", n_workers=P, validation_size=0)
                 fits[P], wall = _timed(lambda: est.fit(ds))
                 log(f"  repeat {r}: {P} worker(s): {wall:.1f} s, {est.n_iter_} MAC "
-                    f"iterations, W step {np.median(est.history_['w_s']):.3f} s, Z step "
-                    f"{np.median(est.history_['z_s']):.3f} s per iteration")
+                    f"iterations, W step {np.median(est.iteration_history_['w_s']):.3f} s, Z step "
+                    f"{np.median(est.iteration_history_['z_s']):.3f} s per iteration")
             rep = speedup_report(fits)
             runs.append(rep)
             for P in (1, 2):

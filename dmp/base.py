@@ -101,13 +101,15 @@ class DMPEstimator(SharedBackendMixin, BaseEstimator):
     - ``_convergence_warning(fit, result) -> str or None``: the `ConvergenceWarning` to give.
 
     A clone keeps a ``backend`` object by reference (`dmp.utils.estimator.SharedBackendMixin`).
-    Class attributes: ``_store_kinds`` (the kinds of dmp store it fits) and
-    ``_scratch_kind`` (the name of its temporary stores, `dmp.utils.scratch.KINDS`).  Models
+    Class attributes: ``_store_kinds`` (the kinds of dmp store it fits),
+    ``_scratch_kind`` (the name of its temporary stores, `dmp.utils.scratch.KINDS`) and
+    ``_rounds_attribute`` (the attribute holding the per-round history).  Models
     with checkpoints add `DMPEstimator._checkpoint_constraints` to their parameters.
     """
 
     _store_kinds: tuple = ()
     _scratch_kind: str = ""
+    _rounds_attribute: str = "history_"
 
     #: the parameters every dmp estimator has
     _parameter_constraints: dict = {
@@ -169,7 +171,7 @@ class DMPEstimator(SharedBackendMixin, BaseEstimator):
             fit.backend.close()
             if fit.scratch is not None:
                 shutil.rmtree(fit.scratch, ignore_errors=True)
-        self.history_ = history_arrays(result.history)
+        setattr(self, self._rounds_attribute, history_arrays(result.history))
         self.recoveries_ = result.recoveries
         self.wall_time_ = result.wall_s
         self._set_fitted(fit, result)

@@ -353,8 +353,9 @@ def plot_training(history, *, path=None, metric: str | None = None, title: str |
     title : str, optional
         A title over the figure.
     """
-    if not isinstance(history, dict) and hasattr(history, "history_"):
-        history = getattr(history, "round_history_", history.history_)
+    rounds = getattr(type(history), "_rounds_attribute", "history_")
+    if not isinstance(history, dict) and hasattr(history, rounds):
+        history = getattr(history, rounds)
     if not len(history):
         raise ValueError("history is empty: fit the estimator first")
     if "round" not in history:

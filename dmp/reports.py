@@ -439,7 +439,7 @@ class BinaryAutoencoderReport(Reporter):
         return est.round_history_
 
     def summary(self, est, wall_s):
-        h = est.history_   # one record per MAC iteration
+        h = est.iteration_history_
         return {"objective": float(h["E_BA"][-1]), "E_BA": [float(v) for v in h["E_BA"]],
                 "penalty": [int(v) for v in h["penalty"]], "mu": [float(v) for v in h["mu"]],
                 "validation_precision": [float(v) for v in h["precision"]],
@@ -526,7 +526,7 @@ class BinaryAutoencoderReport(Reporter):
         main, rep = fits.main, report["hashing"]
         plot_retrieval({n: (q["n_retrieved"], q["recall"]) for n, q in rep["quality"].items()},
                        k=rep["k"], path=str(out / "retrieval.png"))
-        plot_parmac(main.history_, path=str(out / "convergence.png"))
+        plot_parmac(main.iteration_history_, path=str(out / "convergence.png"))
         if "speedup" in rep:
             sp = rep["speedup"]
             grid = np.unique(np.geomspace(1, 128, 30).astype(int))

@@ -140,7 +140,7 @@ def _assert_monitor_lists_each_fit_apart(client, before: set, fits: list, timeou
     assert len(new) == len(fits), sorted(new)
     unmatched = dict(new)
     for est in fits:
-        hist = getattr(est, "round_history_", est.history_)   # ParMAC: its engine rounds
+        hist = getattr(est, type(est)._rounds_attribute)   # ParMAC: its engine rounds
         match = [k for k, f in unmatched.items()
                  if f["estimator"] == type(est).__name__ and _same_rounds(f["rounds"], hist)]
         assert len(match) == 1, (type(est).__name__, sorted(unmatched))

@@ -167,16 +167,17 @@ def _ba_result(est, X, y):
     out = checks.fitted_result(est)
     # per iteration: every partition holding the same model, no iteration lost or repeated
     # by a recovery
-    out.update({f"history_[{k!r}]": est.history_[k] for k in ("iteration", "identical")})
+    out.update({f"iteration_history_[{k!r}]": est.iteration_history_[k]
+                for k in ("iteration", "identical")})
     return out
 
 
 def _ba_extra(local, remote):
     # the ring bytes per iteration too (a recovered fit sends an interrupted iteration's
     # again, so they are not part of the result)
-    np.testing.assert_array_equal(remote.history_["bytes_ring"], local.history_["bytes_ring"])
-    assert remote.history_["bytes_ring"][0] > 0 and remote.history_["identical"].all()
-    assert list(local.history_["iteration"]) == list(range(local.n_iter_))
+    np.testing.assert_array_equal(remote.iteration_history_["bytes_ring"], local.iteration_history_["bytes_ring"])
+    assert remote.iteration_history_["bytes_ring"][0] > 0 and remote.iteration_history_["identical"].all()
+    assert list(local.iteration_history_["iteration"]) == list(range(local.n_iter_))
 
 
 BA_NO_RESUME = "BinaryAutoencoder has no checkpoint: a lost worker's part comes from the driver"

@@ -46,7 +46,7 @@ def test_one_worker_equals_serial_mac_with_sgd(digits, init_margin):
                            itq_iter=20, init_margin=init_margin, validation_size=0, random_state=0,
                            backend="local").fit(X)
     assert ba.n_iter_ == len(ref["history"])
-    np.testing.assert_array_equal(ba.history_["penalty"],
+    np.testing.assert_array_equal(ba.iteration_history_["penalty"],
                                   [h["penalty"] for h in ref["history"]])
     A = ref["A"] / ref["scale"]
     np.testing.assert_allclose(ba.coef_, A, rtol=1e-9, atol=1e-12 * np.abs(A).max())
@@ -84,7 +84,7 @@ def test_first_w_step_keeps_the_itq_codes_it_starts_from():
         ba = BinaryAutoencoder(16, max_iter=1, validation_size=0, init_margin=margin,
                                random_state=0, backend="local").fit(X)
         # penalty_w: bits where h(X) after the W step differs from Z (here the ITQ codes)
-        lost[margin] = ba.history_["penalty_w"][0] / (X.shape[0] * 16)
+        lost[margin] = ba.iteration_history_["penalty_w"][0] / (X.shape[0] * 16)
     assert lost[10.0] <= 0.15 and lost[None] >= 0.3, lost
 
 
@@ -97,18 +97,18 @@ def test_workers_hold_identical_submodels_and_only_submodels_travel(digits, P):
         ba = BinaryAutoencoder(L, n_epochs=e, max_iter=3, validation_size=0, random_state=0,
                                backend="local", n_workers=P).fit(Db[:n])
         fits[n] = ba
-        assert ba.history_["identical"].all()
+        assert ba.iteration_history_["identical"].all()
         D = Db.shape[1]
         # per sending round every partition hands on one group: its id and its units'
         # weights, biases and step counts; e P training hops + P - 1 copy hops
         per_round = 8 * P + 8 * L * (D + 2)
-        np.testing.assert_array_equal(ba.history_["bytes_ring"],
+        np.testing.assert_array_equal(ba.iteration_history_["bytes_ring"],
                                       (e * P + P - 1) * per_round)
     # nothing that moves grows with the number of points
-    np.testing.assert_array_equal(fits[600].history_["bytes_ring"],
-                                  fits[1200].history_["bytes_ring"])
-    np.testing.assert_array_equal(fits[600].history_["bytes_driver"],
-                                  fits[1200].history_["bytes_driver"])
+    np.testing.assert_array_equal(fits[600].iteration_history_["bytes_ring"],
+                                  fits[1200].iteration_history_["bytes_ring"])
+    np.testing.assert_array_equal(fits[600].iteration_history_["bytes_driver"],
+                                  fits[1200].iteration_history_["bytes_driver"])
 
 
 def test_sgd_decoder_travels_too_and_approaches_the_exact_one(digits):
@@ -117,11 +117,11 @@ def test_sgd_decoder_travels_too_and_approaches_the_exact_one(digits):
     exact = BinaryAutoencoder(L, max_iter=4, validation_size=0, random_state=0,
                               backend="local", n_workers=P).fit(Db)
     sgd = clone(exact).set_params(decoder="sgd", n_epochs=4).fit(Db)
-    assert sgd.history_["identical"].all()
+    assert sgd.iteration_history_["identical"].all()
     per_round = 8 * P + 8 * L * (D + 2) + 8 * D * (L + 2)
-    np.testing.assert_array_equal(sgd.history_["bytes_ring"], (4 * P + P - 1) * per_round)
+    np.testing.assert_array_equal(sgd.iteration_history_["bytes_ring"], (4 * P + P - 1) * per_round)
     # reconstruction error of the SGD decoder within 5% of the least-squares one
-    assert sgd.history_["E_BA"][-1] < 1.05 * exact.history_["E_BA"][-1]
+    assert sgd.iteration_history_["E_BA"][-1] < 1.05 * exact.iteration_history_["E_BA"][-1]
 
 
 @pytest.mark.parametrize("n_bits", [16, 32])
@@ -133,8 +133,8 @@ def test_digits_precision_beats_itq_and_pca_hashing(digits, n_bits):
     p = _precision(ba.transform(Q), ba.transform(Db), n_bits, truth)
     assert p > base["itq"] > base["pca"], (p, base)
     # E_BA fell from the ITQ start
-    assert ba.history_["E_BA"][-1] < ba.history_["E_BA"][0]
-    assert ba.stop_reason_ == "Z = h(X)" and ba.history_["penalty"][-1] == 0
+    assert ba.iteration_history_["E_BA"][-1] < ba.iteration_history_["E_BA"][0]
+    assert ba.stop_reason_ == "Z = h(X)" and ba.iteration_history_["penalty"][-1] == 0
 
 
 @pytest.mark.slow
@@ -171,10 +171,20 @@ def test_estimator_conventions(digits):
     assert ba.get_params()["mu0"] == 2e-3
     assert ba.fit(Db[:400]) is ba
     assert ba.n_features_in_ == 64 and ba.coef_.shape == (8, 64)
-    h = ba.history_
+    h = ba.iteration_history_
     for key in ("mu", "E_BA", "penalty", "precision", "w_s", "z_s", "bytes_ring"):
         assert len(h[key]) == ba.n_iter_
     np.testing.assert_allclose(h["mu"], 2e-3 * 1.5 ** np.arange(ba.n_iter_))
+    # per engine round, as every other estimator's history_: each round names its iteration
+    rounds = ba.round_history_
+    assert list(rounds["round"]) == list(range(len(rounds["round"])))
+    assert len(rounds["round"]) > ba.n_iter_
+    assert set(rounds["iteration"]) == set(h["iteration"])
+    # history_ is the per-iteration history for one more release, with a warning saying so
+    with pytest.warns(FutureWarning, match="iteration_history_.*round_history_"):
+        old = ba.history_
+    assert old is h
+    assert not hasattr(clone(ba), "history_") and "history_" not in vars(ba)
 
 
 def test_new_shard_joins_between_iterations(digits):
@@ -183,7 +193,7 @@ def test_new_shard_joins_between_iterations(digits):
     ba = BinaryAutoencoder(16, max_iter=8, random_state=0, backend="local", n_workers=2)
     ba.fit(first, arrivals={3: later})
     assert ba.n_samples_fit_ == len(Db)
-    assert ba.history_["identical"].all() and ba.n_iter_ >= 4
+    assert ba.iteration_history_["identical"].all() and ba.n_iter_ >= 4
     # the joined points are coded by the model and counted in the penalty of later steps
     truth = euclidean_neighbors(Q, Db, 50)
     p = _precision(ba.transform(Q), ba.transform(Db), 16, truth)

@@ -77,4 +77,4 @@ def test_hashing_example():
     assert codes.shape == (1497, 2) and codes.dtype == np.uint8
     assert ns["found"].shape == (300, 50)
     assert ns["precision"] > 0.5 and ba.stop_reason_ == "Z = h(X)"
-    assert ba.history_["bytes_ring"][0] > 0
+    assert ba.iteration_history_["bytes_ring"][0] > 0

@@ -131,8 +131,9 @@ def test_binary_autoencoder_ring(tls):
     np.testing.assert_array_equal(remote.coef_, local.coef_)
     np.testing.assert_array_equal(remote.decoder_coef_, local.decoder_coef_)
     # the ParMAC W step: the submodels went round the ring, worker to worker, over TLS
-    assert remote.history_["bytes_ring"][0] > 0
-    np.testing.assert_array_equal(remote.history_["bytes_ring"], local.history_["bytes_ring"])
+    assert remote.iteration_history_["bytes_ring"][0] > 0
+    np.testing.assert_array_equal(remote.iteration_history_["bytes_ring"],
+                                  local.iteration_history_["bytes_ring"])
 
 
 @pytest.mark.parametrize("method,extra", [("isega", {}), ("isaga", {"batch_size": 16})])

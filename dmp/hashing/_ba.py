@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 import numbers
 
 import numpy as np
@@ -111,7 +112,7 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
         The hash function on raw inputs: bit ``l`` is ``coef_[l] @ x + intercept_[l] > 0``.
     decoder_coef_ : ndarray (n_features, n_bits); decoder_intercept_ : ndarray (n_features,)
         ``inverse_transform``: ``x = decoder_coef_ @ z + decoder_intercept_``.
-    history_ : dict of arrays
+    iteration_history_ : dict of arrays
         Per MAC iteration: ``iteration``, ``mu``, ``E_BA`` (mean ``||x - f(h(x))||^2`` on
         the scaled data, after the W step), ``penalty_w`` (``||Z - h(X)||^2`` after the W
         step: code bits the encoder fails to fit), ``E_Q`` and ``penalty`` (``||Z - h(X)||^2``,
@@ -120,7 +121,10 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
         ``bytes_driver`` (everything through the driver), ``identical`` (all workers held
         the same submodels after the W step).
     round_history_ : dict of arrays
-        Per engine round (as the other estimators' ``history_``).
+        Per engine round (what the other estimators call ``history_``).
+    history_ : dict of arrays
+        Deprecated: ``iteration_history_`` with a `FutureWarning`.  In dmp 0.2 ``history_``
+        becomes the per-round history, as in every other dmp estimator.
     n_iter_ : int
     stop_reason_ : str
         "Z = h(X)" or "schedule ended".
@@ -133,6 +137,7 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
 
     #: the kinds of dmp store it fits (`dmp.io.sparse.STORE_KINDS`)
     _store_kinds = ("dense-rows",)
+    _rounds_attribute = "round_history_"
     _scratch_kind = "ba"
 
     _parameter_constraints: dict = {
@@ -308,9 +313,7 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
         self.stop_reason_ = dr["stop_reason"]
         self.best_iteration_ = int(dr.get("best_iteration", dr["iteration"] - 1))
         self.validation_precision_ = float(dr.get("best_prec", math.nan))
-        # per engine round as the base set it; history_ is per MAC iteration
-        self.round_history_ = self.history_
-        self.history_ = self._iteration_history(dr["records"], result.history)
+        self.iteration_history_ = self._iteration_history(dr["records"], result.history)
         self.n_workers_ = fit.n_partitions
         self.n_samples_fit_ = int(dr["n"])
 
@@ -331,6 +334,17 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
                                     if r["phase"] in ("hop", "spread"))
             out.append(row)
         return history_arrays(out)
+
+    @property
+    def history_(self) -> dict:
+        """Deprecated alias of `iteration_history_` (per MAC iteration)."""
+        history = self.iteration_history_   # AttributeError before fit, as for any `_` attribute
+        warnings.warn(
+            "BinaryAutoencoder.history_ holds one record per MAC iteration; in dmp 0.2 it "
+            "becomes the per-round history, as in the other dmp estimators. Read "
+            "iteration_history_ (per MAC iteration) or round_history_ (per round) instead.",
+            FutureWarning, stacklevel=2)
+        return history
 
     # ------------------------------------------------------------------ codes
     def _bits(self, X) -> np.ndarray:
@@ -369,4 +383,4 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
         from ..plotting import plot_parmac
 
         check_is_fitted(self, "coef_")
-        return plot_parmac(self.history_)
+        return plot_parmac(self.iteration_history_)

@@ -59,7 +59,7 @@ def evaluate_hashing(models: dict, base, queries, *, k: int = 50, n_bits: int,
 
 def iteration_seconds(estimator) -> float:
     """Median seconds of a MAC iteration's W and Z steps (driver clock)."""
-    h = estimator.history_
+    h = estimator.iteration_history_
     return float(np.median(np.asarray(h["w_s"]) + np.asarray(h["z_s"])))
 
 

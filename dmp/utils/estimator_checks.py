@@ -46,7 +46,8 @@ __all__ = ["fitted_result", "assert_same_fit", "fit_local", "fit_dask", "bad_inp
            "check_refuses_bad_input", "check_pickle", "check_clone"]
 
 #: fitted attributes that are not part of a fit's result: how it went, not what it found
-NOT_RESULTS = ("history_", "round_history_", "recoveries_", "wall_time_")
+NOT_RESULTS = ("history_", "round_history_", "iteration_history_", "recoveries_",
+               "wall_time_")
 #: the per-round byte counts of each primitive, as the engine records them
 BYTE_COLUMNS = ("bytes_schedule", "bytes_push", "bytes_pull", "bytes_ring")
 #: methods whose outputs `check_pickle` compares, when they take the data alone
