@@ -109,7 +109,7 @@ def median_ms(fn, n=200, warm=20):
 
 def main():
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster, \
             Client(cluster) as client:
         names = sorted(cluster_workers(client))
         a, b = (client.submit(Echo, actor=True, workers=[w]).result() for w in names)

@@ -105,7 +105,7 @@ def measure(name, fn, n_workers, interval=0.2):
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=n_workers, threads_per_worker=1, processes=True,
-                      memory_limit=0, dashboard_address=":0",
+                      memory_limit=0, dashboard_address="127.0.0.1:0",
                       silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         client.run(_warm)
         before = client.run(_rss_mib)

@@ -85,7 +85,7 @@ def main(argv=None):
     print(f"dataset: {ds}")
     block = args.block_size if args.block_size == "auto" else int(args.block_size)
     with LocalCluster(n_workers=args.workers, threads_per_worker=1, processes=True,
-                      memory_limit=limit, dashboard_address=":0",
+                      memory_limit=limit, dashboard_address="127.0.0.1:0",
                       silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         peaks: dict = {}
         stop = threading.Event()

@@ -124,7 +124,7 @@ def main():
     print(f"machine: {info}")
     out = {"machine": info, "repeats": args.repeats, "workloads": {}}
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster, \
             Client(cluster):
         for name, (make, fargs) in workloads().items():
             if args.only and name not in args.only:

@@ -278,7 +278,7 @@ def main():
 
     if args.leak:
         with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                          dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
+                          dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL) as cluster, \
                 Client(cluster) as client:
             stats = run_leak_check(client, args.fits, warmup=args.warmup)
         stats.update(date=datetime.date.today().isoformat(), cores=os.cpu_count(),
@@ -291,7 +291,7 @@ def main():
 
     t0 = time.monotonic()
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
-                      dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
+                      dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL) as cluster, \
             Client(cluster) as client:
         stats = run_soak(client, args.minutes * 60, seed=args.seed, kill_prob=args.kill_prob)
     stats.update(minutes=(time.monotonic() - t0) / 60, date=datetime.date.today().isoformat(),

@@ -143,9 +143,12 @@ def render_job(pipeline, *, workers: int = 2, image: str = DEFAULT_IMAGE, memory
 
     spec = load_pipeline(str(pipeline))   # validates the pipeline (and that it exists)
     path = Path(pipeline).resolve()
-    if path.parent != PIPELINES_DIR.resolve():
-        raise ValueError(f"{pipeline}: the image holds the pipelines of {PIPELINES_DIR}; put the "
-                         f"file there (and rebuild the image) to run it on Kubernetes")
+    # the image copies a checkout's pipelines/ folder; the package's own location says nothing
+    # about it once dmp is installed from a wheel
+    if path.parent.name != "pipelines":
+        raise ValueError(f"{pipeline}: the image holds the pipelines of the checkout it was built "
+                         f"from, in {WORKDIR}/pipelines; put the file in that checkout's "
+                         f"pipelines/ folder (and rebuild the image) to run it on Kubernetes")
     rel = f"pipelines/{path.name}"
     job_name = _name(name or f"dmp-{spec['name']}")
     volumes, mounts = _data_volume(pvc)

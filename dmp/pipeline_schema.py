@@ -80,8 +80,9 @@ PIPELINE = {
     "in_process": Key("boolean_or_auto", "Also time the same estimator and parameters in "
                       "one process (`backend=\"local\"`: the partitions `n_workers` asks for, "
                       "else 1) and print it beside the cluster's time; `auto`: when the "
-                      "embedded cluster runs and the dataset holds at most 20 million stored "
-                      "values.", default="auto"),
+                      "embedded cluster runs and the dataset holds at most "
+                      "`dmp.pipeline.in-process-max-values` stored values (20 million by "
+                      "default).", default="auto"),
     "reference": Key("string", "`lbfgs`: the optimum by scipy L-BFGS on the driver, for "
                      "suboptimality plots.", choices=("lbfgs",), only_for=SPARSIFIED),
     "evaluation": Key("mapping", "Retrieval evaluation of the hash codes.",

@@ -333,6 +333,15 @@ def test_cli_render_and_errors(tmp_path, capsys):
     shutil.copy(REPO / "pipelines" / "lasso_small.yaml", outside)
     assert main(["k8s", "render", str(outside)]) == 2
     assert "the image holds the pipelines" in capsys.readouterr().err
+    # any checkout's pipelines/ folder, wherever dmp itself is installed (a wheel has none)
+    checkout = tmp_path / "checkout" / "pipelines"
+    checkout.mkdir(parents=True)
+    shutil.copy(REPO / "pipelines" / "lasso_small.yaml", checkout)
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        assert main(["k8s", "render", str(checkout / "lasso_small.yaml")]) == 0
+    job = yaml.safe_load(buf.getvalue())["spec"]["job"]["spec"]["containers"][0]
+    assert "pipelines/lasso_small.yaml" in job["args"]
     assert main(["k8s", "render", str(PIPELINES[0]), "--memory", "lots"]) == 2
     assert "Kubernetes quantity" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:   # refused by the argument parser, at once
