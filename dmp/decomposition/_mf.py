@@ -83,8 +83,8 @@ class MatrixFactorization(DMPEstimator):
     Users and items are partitioned over the workers (contiguous ranges balanced by rating
     count); each worker holds the ratings of its users and of its items, and updates only its
     own factors.  Coordinates are scheduled round-robin in blocks; each round moves only the
-    coordinate block in flight (CCD: worker to worker; CCD++: one factor column through the
-    driver), so no worker ever holds another worker's factors whole.
+    coordinate block in flight (CCD: a block of coordinates; CCD++: the items' partial sums of
+    one feature), worker to worker, so no worker ever holds another worker's factors whole.
 
     Parameters
     ----------
