@@ -49,6 +49,7 @@ from .engine.backends.dask import cluster_workers
 from .io.sparse import DatasetError, require_store_kind
 from .pipeline_schema import PipelineError, PipelineSpec, load_pipeline
 from .reports import Fits, reporter_for
+from .utils.cluster import dashboard_base
 from .utils.text import plural
 
 __all__ = ["PipelineError", "PipelineSpec", "load_pipeline", "run_pipeline"]
@@ -73,8 +74,9 @@ def run_pipeline(spec: PipelineSpec, *, scheduler=None, workers=None, resume=Fal
     reporter = reporter_for(cls)(spec, ds, log)
     client, cluster = _start_cluster(spec, scheduler, workers)
     try:
-        link = client.dashboard_link
-        log(f"Dask dashboard: {link}  (live dmp page: {link.rsplit('/status', 1)[0]}/dmp)")
+        base = dashboard_base(client)
+        log(f"Dask dashboard: {base}/status  (live dmp page: {base}/dmp)" if base else
+            "Dask dashboard: none (the scheduler serves no dashboard)")
         params = _resolve_params(spec, client, ds, log)
         n_workers = len(cluster_workers(client))
         reporter.prepare(params)

@@ -110,7 +110,7 @@ def follow(address, *, out=None, exit_when_done: bool = False, timeout: float | 
     """
     from distributed import Client
 
-    from ..utils.cluster import connect
+    from ..utils.cluster import connect, dashboard_base
 
     out = out or sys.stdout
     if isinstance(address, Client):
@@ -120,11 +120,10 @@ def follow(address, *, out=None, exit_when_done: bool = False, timeout: float | 
     printer = _Printer(out, interval)
     inbox: queue.Queue = queue.Queue()
     try:
-        link = client.dashboard_link
-        if link:
-            base = link.rsplit("/status", 1)[0]
-            print(f"following dmp fits on {client.scheduler.address}; live page: {base}/dmp",
-                  file=out, flush=True)
+        base = dashboard_base(client)
+        page = f"live page: {base}/dmp" if base else "the scheduler serves no dashboard"
+        print(f"following dmp fits on {client.scheduler.address}; {page}", file=out,
+              flush=True)
         client.subscribe_topic(TOPIC, inbox.put)
         for event in client.get_events(TOPIC):
             printer.handle(event)

@@ -154,6 +154,30 @@ def quiet_local_cluster(n_workers: int, **kwargs):
         return LocalCluster(n_workers=n_workers, **kwargs)
 
 
+def _serves_bokeh(dask_scheduler) -> bool:
+    return any("Bokeh" in type(app).__name__
+               for app in dask_scheduler.http_application.applications)
+
+
+def dashboard_base(client) -> str | None:
+    """The base address of ``client``'s scheduler dashboard (``http://host:port``), or None
+    when the scheduler serves none.
+
+    A scheduler started with ``--no-dashboard`` still serves its HTTP routes (health, JSON,
+    Prometheus) and lists them as its ``dashboard`` service, by default on port 8787, so
+    ``client.dashboard_link`` names a page that does not exist: the scheduler is asked whether
+    it serves the dashboard's pages.
+    """
+    try:
+        link = client.dashboard_link
+        serves = client.run_on_scheduler(_serves_bokeh)
+    except (KeyError, AttributeError):
+        return None
+    if not link or not serves:
+        return None
+    return link.rsplit("/status", 1)[0]
+
+
 # --------------------------------------------------------------------------- the monitor
 
 #: registers dmp's monitor on a client's scheduler (see `register_monitor`); set by the
