@@ -607,3 +607,66 @@ def test_a_resumed_priority_lasso_takes_the_uninterrupted_rounds(tmp_path, probl
         np.testing.assert_array_equal(resumed.history_[key], full.history_[key], err_msg=key)
     np.testing.assert_array_equal(resumed.coef_, full.coef_)
     assert resumed.intercept_ == full.intercept_
+
+
+# ---------------------------------------- a checkpoint write streams, as collection does
+def _traced_peak(fn):
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_writing_a_checkpoint_array_streams_it(tmp_path, dask_settings):
+    """A partition's arrays go to the checkpoint in pieces of
+    ``dmp.memory.collect-piece-bytes`` (which the memory check counts), not encoded whole:
+    writing 16 MiB of coefficients allocates a few pieces, not another 16 MiB (it did), and
+    reads back with the checksum of the whole array."""
+    from dmp.engine.checkpoint import array_digest, read_arrays, write_arrays
+
+    dask_settings({"dmp.memory.collect-piece-bytes": "512KiB"})
+    rng = np.random.default_rng(0)
+    arrays = {"w": rng.standard_normal(2 * 2**20), "Wt": rng.standard_normal((3, 100_000)),
+              "empty": np.zeros((0, 4)), "scalar": np.array(2.5)}
+    path = str(tmp_path / "p0000")
+    manifest = {}
+    peak = _traced_peak(lambda: manifest.update(write_arrays(path, arrays)))
+    assert peak < 4 * 2**20, f"peak {peak / 2**20:.1f} MiB writing 16 MiB"
+    back = read_arrays(path, manifest=manifest)
+    for name, a in arrays.items():
+        np.testing.assert_array_equal(back[name], a)
+        assert manifest[name]["digest"] == array_digest(a)   # as checkpoints written whole
+
+
+@pytest.mark.parametrize("name", ["lasso", "sparsified"])
+def test_a_partitions_checkpoint_does_not_copy_it(tmp_path, name, dask_settings):
+    """The worker writes its partition's checkpoint from the partition's own arrays (no round
+    runs meanwhile): no copy of the partition (the sparsified model's ``x`` and shifts were
+    copied whole), so a partition sized near its worker's limit is
+    checkpointed as it is collected."""
+    from dmp.engine.backends.local import LocalBackend
+
+    class Keep(LocalBackend):
+        def start(self, program, specs):
+            super().start(program, specs)
+            self.kept = self.workers
+
+    dask_settings({"dmp.memory.collect-piece-bytes": "64KiB"})
+    p = 200_000
+    A = sp.random(60, p, density=2e-4, random_state=0, format="csr")
+    y = np.random.default_rng(0).standard_normal(60)
+    backend = Keep(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if name == "lasso":
+            Lasso(alpha=0.01, max_iter=2, backend=backend).fit(A.tocsc(), y)
+        else:
+            SparsifiedSGDRegressor(max_iter=2, tol=None, backend=backend).fit(A, y)
+    worker = backend.kept[0]
+    held = sum(np.asarray(v).nbytes
+               for v in worker.program.checkpoint_arrays(worker.state).values())
+    assert held >= 1.5 * 2**20
+    peak = _traced_peak(lambda: worker.save(str(tmp_path / "p0000")))
+    assert peak < held / 4, f"peak {peak / 2**20:.1f} MiB saving {held / 2**20:.1f} MiB"

@@ -298,6 +298,13 @@ class SparsifiedProgram(Program):
             out["table"] = s["table"].copy()
         return out
 
+    def checkpoint_arrays(self, s):
+        # the state itself (no round runs during a checkpoint): copies would double the
+        # partition while it is written
+        return {name: s["table"] if name == "table" else s[name]
+                for name in ("x", *{"isega": ("shift",), "isaga": ("table",)}.get(
+                    self.method, ()))}
+
     def restore_partition(self, s, arrays):
         for name in self.partition_arrays(s):
             a = np.asarray(arrays[name], dtype=np.float64)
