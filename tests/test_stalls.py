@@ -103,30 +103,43 @@ def _check_paused_message(err, address):
     assert "dmp.worker-pause-timeout" in msg
 
 
-@pytest.mark.timeout(120)
-def test_a_paused_worker_fails_the_fit_within_the_bound(small_cluster):
+@pytest.fixture(scope="class")
+def paused_worker(small_cluster):
+    """Worker 1 of `small_cluster` paused (for the tests of one class), then let go."""
+    address = _pause(small_cluster, 1)
+    try:
+        yield address
+    finally:
+        _unpause(small_cluster, address)
+
+
+class TestPausedWorker:
     """A worker paused before the fit (a fit before it left its memory full): the partition
     task placed there never starts, and the worker never leaves.  The fit waited forever."""
-    import dask
 
-    client = small_cluster
-    R = _ratings()
-    address = _pause(client, 1)
-    try:
-        with dask.config.set({"dmp.worker-pause-timeout": "3s"}):
+    @pytest.mark.timeout(120)
+    @pytest.mark.parametrize("name", ["lasso", "lda", "mf-ccd", "mf-ccd++", "ba", "sgd"])
+    def test_a_paused_worker_fails_the_fit_within_the_bound(self, small_cluster,
+                                                            paused_worker, name):
+        import dask
+
+        from test_fault_matrix import FITS, fit_quietly
+
+        client = small_cluster
+        with dask.config.set({"dmp.worker-pause-timeout": "2s"}):
             t0 = time.monotonic()
             with pytest.raises(WorkerPausedError) as err:
-                MatrixFactorization(n_components=4, max_iter=3, tol=0, random_state=0,
-                                    backend=client).fit(R)
+                fit_quietly(FITS[name], backend=client, n_workers=2)
             took = time.monotonic() - t0
-        assert 3 <= took < 40, took
-        _check_paused_message(err.value, address)
-    finally:
-        _unpause(client, address)
-    # nothing of the failed fit stays on the workers, and the cluster fits again
-    assert sum(client.run(lambda dask_worker: len(dask_worker.state.actors)).values()) == 0
+        assert 2 <= took < 40, took
+        _check_paused_message(err.value, paused_worker)
+        # nothing of the failed fit stays on the workers
+        assert sum(client.run(lambda dask_worker: len(dask_worker.state.actors)).values()) == 0
+
+
+def test_the_cluster_fits_again_once_the_worker_is_let_go(small_cluster):
     MatrixFactorization(n_components=4, max_iter=2, tol=0, random_state=0,
-                        backend=client).fit(R)
+                        backend=small_cluster).fit(_ratings(nnz=5000))
 
 
 @pytest.mark.slow
