@@ -59,8 +59,8 @@ def _fits():
     D = rng.standard_normal((400, 10))
     return {
         # a recovered Lasso is compared at its optimum (RELIABILITY.md)
-        "lasso": Fit(lambda **kw: Lasso(alpha=0.05 * alpha_max(X, y), tol=1e-8,
-                                        random_state=0, **kw), (X, y), lambda e: e.coef_, 5,
+        "lasso": Fit(lambda **kw: Lasso(alpha=0.05 * alpha_max(X, y), random_state=0,
+                                        **{"tol": 1e-8, **kw}), (X, y), lambda e: e.coef_, 5,
                      atol=1e-6),
         "lda": Fit(lambda **kw: LatentDirichletAllocation(4, random_state=0,
                                                           **{"max_iter": 8, **kw}),
