@@ -301,9 +301,8 @@ class SparsifiedProgram(Program):
     def checkpoint_arrays(self, s):
         # the state itself (no round runs during a checkpoint): copies would double the
         # partition while it is written
-        return {name: s["table"] if name == "table" else s[name]
-                for name in ("x", *{"isega": ("shift",), "isaga": ("table",)}.get(
-                    self.method, ()))}
+        extra = {"isega": ("shift",), "isaga": ("table",)}.get(self.method, ())
+        return {name: s[name] for name in ("x", *extra)}
 
     def restore_partition(self, s, arrays):
         for name in self.partition_arrays(s):
