@@ -159,70 +159,80 @@ def _hog(dask_worker, nbytes):
     return dask_worker._dmp_test_hog.nbytes
 
 
+LIMIT = 500 * 2**20
+
+
+@pytest.fixture(scope="module")
+def limited_cluster():
+    """Two worker processes with a memory limit of 500 MiB each, under nannies (which restart
+    a worker Dask terminates)."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, memory_limit=LIMIT,
+                      host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                      silence_logs=logging.CRITICAL) as cluster, Client(cluster) as client:
+        yield client
+
+
 @pytest.mark.dask
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("name", ["mf-ccd++", "lasso"])
-def test_worker_pushed_over_its_memory_limit_mid_fit_is_recovered(tmp_path, name):
+@pytest.mark.parametrize("name", ["lasso", "lda", "mf-ccd", "mf-ccd++", "ba", "sgd"])
+def test_worker_pushed_over_its_memory_limit_mid_fit_is_recovered(limited_cluster, tmp_path,
+                                                                  name):
     """A worker whose memory passes Dask's terminate threshold (95% of its limit) during a
     fit -- here something else on it allocates past its limit -- is restarted by its nanny;
-    the fit takes it as a worker loss, recovers from its checkpoint and ends with the
-    undisturbed result in bounded time, never waiting on it."""
+    the fit takes it as a worker loss, recovers (from its checkpoint, or BA from the driver's
+    copy) and ends with the undisturbed result in bounded time, never waiting on it."""
     import os
     import threading
     import time
     import warnings
 
-    from distributed import Client, LocalCluster
+    from test_fault_matrix import FITS, assert_same_result, checkpoint_kw, fit_quietly
 
-    X, y = make_problem(n=200, p=1500, density=0.03, seed=2)
-    fits = {
-        "mf-ccd++": (lambda **kw: MatrixFactorization(n_components=6, max_iter=10, tol=0,
-                                                      random_state=0, **kw),
-                     (_ratings(n_users=1500, n_items=400, nnz=30_000),), 2,
-                     lambda e: np.asarray(e.user_factors_)),
-        "lasso": (lambda **kw: Lasso(alpha=0.01, max_iter=200, tol=0, random_state=0,
-                                     schedule="round_robin", schedule_size=100, **kw),
-                  (X, y), 10, lambda e: e.coef_),
-    }
-    make, args, every, result = fits[name]
+    client = limited_cluster
+    client.wait_for_workers(2, timeout=60)
+    fit = FITS[name]
+    reference = fit_quietly(fit, backend="local", n_workers=2)
+    n_rounds = len(reference.round_history_["round"] if name == "ba"
+                   else reference.history_["round"])
+    at_round = max(1, n_rounds // 3)
+    victim = next(a for a, w in client.scheduler_info()["workers"].items()
+                  if str(w["name"]) == "1")
+    pid = client.run(os.getpid, workers=[victim])[victim]
+    fired = []
+
+    def hog(round, metrics):
+        if round >= at_round and not fired:
+            fired.append(round)
+
+            def allocate():
+                try:
+                    client.run(_hog, nbytes=LIMIT, workers=[victim])
+                except Exception:   # noqa: BLE001 - the worker dies mid-call
+                    pass
+            threading.Thread(target=allocate, daemon=True).start()
+            # the loss happens within the fit: the next round finds the worker gone
+            deadline = time.monotonic() + 60
+            while victim in client.scheduler_info()["workers"]:
+                assert time.monotonic() < deadline, "the worker over its limit stayed"
+                time.sleep(0.05)
+        return False
+
+    t0 = time.monotonic()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        reference = make(backend="local", n_workers=2, checkpoint_every=every).fit(*args)
-    at_round = len(reference.history_["round"]) // 3
-    limit = 700 * 2**20
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, memory_limit=limit,
-                      dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
-            Client(cluster) as client:
-        victim = next(a for a, w in client.scheduler_info()["workers"].items()
-                      if str(w["name"]) == "1")
-        pid = client.run(os.getpid, workers=[victim])[victim]
-        fired = []
-
-        def hog(round, metrics):
-            if round == at_round and not fired:
-                fired.append(round)
-
-                def allocate():
-                    try:
-                        client.run(_hog, nbytes=limit, workers=[victim])
-                    except Exception:   # noqa: BLE001 - the worker may die mid-call
-                        pass
-                threading.Thread(target=allocate, daemon=True).start()
-            return False
-
-        t0 = time.monotonic()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            est = make(backend=client, n_workers=2, checkpoint=str(tmp_path / "ck.zarr"),
-                       checkpoint_every=every, callback=hog).fit(*args)
-        wall = time.monotonic() - t0
-        pids = set(client.run(os.getpid).values())
-    assert fired == [at_round]
-    assert pid not in pids, "the worker over its memory limit was not restarted"
+        est = fit_quietly(fit, backend=client, n_workers=2, callback=hog,
+                          **checkpoint_kw(fit, tmp_path))
+    wall = time.monotonic() - t0
+    client.wait_for_workers(2, timeout=60)
+    assert fired == [fired[0]]
+    assert pid not in set(client.run(os.getpid).values()), \
+        "the worker over its memory limit was not restarted"
     assert len(est.recoveries_) >= 1, est.recoveries_
     assert wall < 120, f"the recovered fit took {wall:.0f} s"
-    np.testing.assert_allclose(result(est), result(reference), rtol=1e-7, atol=1e-6)
+    assert_same_result(fit, est, reference)
 
 
 @pytest.mark.parametrize("shape", [(20, 200_000), (20_000, 40)])

@@ -103,30 +103,43 @@ def _check_paused_message(err, address):
     assert "dmp.worker-pause-timeout" in msg
 
 
-@pytest.mark.timeout(120)
-def test_a_paused_worker_fails_the_fit_within_the_bound(small_cluster):
+@pytest.fixture(scope="class")
+def paused_worker(small_cluster):
+    """Worker 1 of `small_cluster` paused (for the tests of one class), then let go."""
+    address = _pause(small_cluster, 1)
+    try:
+        yield address
+    finally:
+        _unpause(small_cluster, address)
+
+
+class TestPausedWorker:
     """A worker paused before the fit (a fit before it left its memory full): the partition
     task placed there never starts, and the worker never leaves.  The fit waited forever."""
-    import dask
 
-    client = small_cluster
-    R = _ratings()
-    address = _pause(client, 1)
-    try:
-        with dask.config.set({"dmp.worker-pause-timeout": "3s"}):
+    @pytest.mark.timeout(120)
+    @pytest.mark.parametrize("name", ["lasso", "lda", "mf-ccd", "mf-ccd++", "ba", "sgd"])
+    def test_a_paused_worker_fails_the_fit_within_the_bound(self, small_cluster,
+                                                            paused_worker, name):
+        import dask
+
+        from test_fault_matrix import FITS, fit_quietly
+
+        client = small_cluster
+        with dask.config.set({"dmp.worker-pause-timeout": "2s"}):
             t0 = time.monotonic()
             with pytest.raises(WorkerPausedError) as err:
-                MatrixFactorization(n_components=4, max_iter=3, tol=0, random_state=0,
-                                    backend=client).fit(R)
+                fit_quietly(FITS[name], backend=client, n_workers=2)
             took = time.monotonic() - t0
-        assert 3 <= took < 40, took
-        _check_paused_message(err.value, address)
-    finally:
-        _unpause(client, address)
-    # nothing of the failed fit stays on the workers, and the cluster fits again
-    assert sum(client.run(lambda dask_worker: len(dask_worker.state.actors)).values()) == 0
+        assert 2 <= took < 40, took
+        _check_paused_message(err.value, paused_worker)
+        # nothing of the failed fit stays on the workers
+        assert sum(client.run(lambda dask_worker: len(dask_worker.state.actors)).values()) == 0
+
+
+def test_the_cluster_fits_again_once_the_worker_is_let_go(small_cluster):
     MatrixFactorization(n_components=4, max_iter=2, tol=0, random_state=0,
-                        backend=client).fit(R)
+                        backend=small_cluster).fit(_ratings(nnz=5000))
 
 
 @pytest.mark.slow
@@ -226,48 +239,92 @@ class Scheduler:
             p.wait(timeout=30)
 
 
+KILLED_WITH_THE_SCHEDULER = ["lasso", "lda", "mf-ccd", "mf-ccd++", "ba", "sgd"]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_a_killed_scheduler_is_reported_at_once_with_the_resume_hint(tmp_path):
-    """The scheduler SIGKILLed after the fit's first checkpoint: `SchedulerLostError` (a
-    `ConnectionError`) within seconds, naming the address, the round and the checkpoint to
-    resume from.  It was a raw ``CommClosedError: ConnectionPool closing.`` once the client
-    stopped reconnecting (its ``timeout``, here 30 s)."""
+def test_a_killed_scheduler_ends_every_running_fit_at_once(tmp_path):
+    """Six fits at once on one cluster (every model: one thread each, one client), each held in its callback once it has a checkpoint (BA, which takes none: once
+    a round ran); the scheduler is SIGKILLed and each fit ends within seconds with
+    `SchedulerLostError` naming the address, its round and its checkpoint (BA: that it had
+    no checkpoint location).  It was a raw ``CommClosedError: ConnectionPool closing.`` once
+    the client stopped reconnecting (its ``timeout``, here 30 s).  (``dmp run``'s one line:
+    below.)"""
+    import threading
+    import traceback
+
     from distributed import Client
 
     from dmp.engine.checkpoint import CheckpointStore
 
+    from test_fault_matrix import FITS, fit_quietly
+
+    long = {"lasso": dict(tol=0, max_iter=10**6), "lda": dict(max_iter=10**6),
+            "mf-ccd": dict(max_iter=10**6), "mf-ccd++": dict(max_iter=10**6), "ba": dict(max_iter=10**4),
+            "sgd": dict(max_iter=10**7)}
     cluster = Scheduler(tmp_path)
-    ckpt = tmp_path / "ckpt.zarr"
-    store = CheckpointStore(ckpt)
-    state = {}
+    killed = threading.Event()
+    ready = {name: threading.Event() for name in KILLED_WITH_THE_SCHEDULER}
+    reached, errors, ended, tracebacks = {}, {}, {}, {}
     try:
         client = Client(cluster.address, timeout="30s")
         client.wait_for_workers(2, timeout=120)
 
-        def kill_after_a_checkpoint(r, metrics):
-            if not state and store.latest() is not None:
-                state["round"], state["t"] = r, cluster.kill_scheduler()
-            return False
+        def run(name):
+            fit = FITS[name]
+            store = (None if fit.every is None
+                     else CheckpointStore(tmp_path / f"{name}.zarr"))
 
-        with pytest.raises(SchedulerLostError) as err:
-            MatrixFactorization(n_components=4, max_iter=2000, tol=0, random_state=0,
-                                checkpoint=str(ckpt), checkpoint_every=2,
-                                callback=kill_after_a_checkpoint, backend=client).fit(_ratings())
-        took = time.monotonic() - state["t"]
-        assert took < 10, took
-        exc = err.value
-        assert isinstance(exc, ConnectionError) and isinstance(exc, DMPError)
-        assert exc.address == cluster.address and exc.round > state["round"]
-        assert exc.checkpoint == str(ckpt) and exc.checkpoint_round == store.latest()
-        msg = str(exc)
-        assert f"scheduler at {cluster.address} was lost" in msg
-        assert f"at round {exc.round}" in msg
-        assert f"checkpoint of round {exc.checkpoint_round} in {str(ckpt)!r}" in msg
-        assert "resume=True" in msg
+            def hold(r, metrics):
+                if not ready[name].is_set() and (store is None or store.latest() is not None):
+                    reached[name] = r
+                    ready[name].set()
+                    killed.wait(120)
+                return False
+
+            kw = {} if store is None else dict(checkpoint=store.path,
+                                               checkpoint_every=fit.every)
+            try:
+                fit_quietly(fit, backend=client, n_workers=2, callback=hold, **kw,
+                            **long[name])
+            except BaseException as exc:  # noqa: BLE001 - what each fit ended with
+                errors[name] = exc
+                tracebacks[name] = traceback.format_exc()
+            ended[name] = time.monotonic()
+
+        threads = [threading.Thread(target=run, args=(n,), daemon=True)
+                   for n in KILLED_WITH_THE_SCHEDULER]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 120
+        while not all(ev.is_set() for ev in ready.values()):
+            assert not errors and time.monotonic() < deadline, \
+                f"not every fit reached its checkpoint: {tracebacks}"
+            time.sleep(0.05)
+        t_kill = cluster.kill_scheduler()
+        killed.set()
+        for t in threads:
+            t.join(60)
         client.close(timeout=5)
     finally:
+        killed.set()
         cluster.close()
+    for name in KILLED_WITH_THE_SCHEDULER:
+        exc = errors.get(name)
+        assert isinstance(exc, SchedulerLostError), (name, repr(exc))
+        assert ended[name] - t_kill < 10, (name, ended[name] - t_kill)
+        assert exc.address == cluster.address and exc.round >= reached[name], (name, exc)
+        msg = str(exc)
+        assert f"scheduler at {cluster.address} was lost" in msg and f"at round {exc.round}" \
+            in msg, msg
+        if FITS[name].every is None:
+            assert exc.checkpoint is None and "had no checkpoint location" in msg, msg
+        else:
+            path = str(tmp_path / f"{name}.zarr")
+            assert exc.checkpoint == path and exc.checkpoint_round is not None, (name, exc)
+            assert exc.checkpoint_round == CheckpointStore(path).latest()
+            assert "resume=True" in msg, msg
 
 
 CLI_PIPELINE = """\

@@ -89,10 +89,16 @@ def _open(path, mode, storage_options=None):
 def array_digest(value) -> str:
     """Checksum of an array: BLAKE2b (128 bits) of its dtype, shape and bytes."""
     a = np.ascontiguousarray(value)
-    h = hashlib.blake2b(digest_size=16)
-    h.update(f"{a.dtype.str}{a.shape}".encode())
+    h = _digest_start(a.dtype, a.shape)
     h.update(a.reshape(-1).view(np.uint8))
     return h.hexdigest()
+
+
+def _digest_start(dtype, shape):
+    """`array_digest`'s hash before the bytes (fed piece by piece by `write_arrays`)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{np.dtype(dtype).str}{tuple(shape)}".encode())
+    return h
 
 
 def _feed(h, part) -> None:
@@ -145,15 +151,34 @@ def write_arrays(path, arrays: dict, storage_options=None) -> dict:
         the round's manifest.
     """
     g = _open(path, "w", storage_options)
+    piece = config.nbytes("dmp.memory.collect-piece-bytes")
     manifest = {}
     for name, value in arrays.items():
-        value = np.ascontiguousarray(value)
-        a = g.create_array(name, shape=value.shape, dtype=value.dtype,
-                           chunks=value.shape if value.size else (1,) * max(value.ndim, 1))
-        if value.size:
+        value = np.asarray(value)
+        # in chunks of rows of about a piece, written and checksummed one at a time: one
+        # chunk of the whole array is encoded as another copy of it, which a partition
+        # sized near its worker's memory limit cannot afford (the memory check counts a
+        # piece in flight: `collect_transient_bytes`)
+        row = max(1, value.dtype.itemsize * int(np.prod(value.shape[1:], dtype=np.int64)))
+        step = max(1, piece // row) if value.ndim else 1
+        if value.size == 0:
+            chunks = (1,) * max(value.ndim, 1)
+        elif value.ndim == 0:
+            chunks = ()
+        else:
+            chunks = (min(step, value.shape[0]), *value.shape[1:])
+        a = g.create_array(name, shape=value.shape, dtype=value.dtype, chunks=chunks)
+        h = _digest_start(value.dtype, value.shape)
+        if value.ndim == 0:
             a[...] = value
+            h = None
+        elif value.size:
+            for s in range(0, value.shape[0], step):
+                part = np.ascontiguousarray(value[s:s + step])
+                a[s:s + len(part)] = part
+                h.update(part.reshape(-1).view(np.uint8))
         manifest[name] = {"shape": list(value.shape), "dtype": value.dtype.str,
-                          "digest": array_digest(value)}
+                          "digest": array_digest(value) if h is None else h.hexdigest()}
     return manifest
 
 

@@ -101,7 +101,7 @@ class Program:
     Driver side: :meth:`partition_specs`, :meth:`start`, :meth:`schedule`, :meth:`pull`,
     :meth:`metrics`, :meth:`converged`, :meth:`driver_state`, :meth:`load_driver_state`,
     :meth:`finish`.  Worker side: :meth:`init_partition`, :meth:`push`, :meth:`apply`,
-    :meth:`partition_arrays`, :meth:`restore_partition`.
+    :meth:`partition_arrays`, :meth:`checkpoint_arrays`, :meth:`restore_partition`.
     """
 
     name = "program"
@@ -224,6 +224,12 @@ class Program:
     def partition_arrays(self, state) -> dict:
         """The partition's model variables (checkpointed and gathered at the end)."""
         return {}
+
+    def checkpoint_arrays(self, state) -> dict:
+        """What a checkpoint of the partition holds (default: :meth:`partition_arrays`):
+        state a resume needs beyond the result, such as the Lasso's residual, which is not
+        gathered at the end.  Written while no round runs, so views of the state will do."""
+        return self.partition_arrays(state)
 
     def restore_partition(self, state, arrays: dict) -> None:
         """Set the model variables from a checkpoint."""

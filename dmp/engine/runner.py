@@ -245,6 +245,9 @@ class _Run:
         self.pending: deque[_InFlight] = deque()
         self.update = None
         self.t_loop0 = 0.0
+        #: the program's driver state exists (`Program.start` ran, or a checkpoint was
+        #: restored): only then can a program go on from it after a loss
+        self.started = False
 
     # ================================================================== the whole fit
     def execute(self) -> RunResult:
@@ -519,13 +522,14 @@ class _Run:
         program, store = self.program, self.store
         (self.backend.start if initial else self.backend.restart)(program, self.specs)
         latest = store.latest() if store is not None else None
-        if not initial and latest is None and program.after_loss():
+        if not initial and latest is None and self.started and program.after_loss():
             # the program restores itself from its driver-side copies
             return self._reached()
         if latest is None and initial and self.resume and store.latest_name() is not None:
             return self._restore_checkpoint()   # its latest round is broken, and the only one
         if latest is None or (initial and not self.resume):
             program.start(self.n_parts)
+            self.started = True
             self.history.clear()
             if store is not None:
                 store.reset_history()
@@ -572,6 +576,7 @@ class _Run:
                               CheckpointWarning, stacklevel=2)
             self.history[:] = saved_history
             program.load_driver_state(state)
+            self.started = True
             logger.info("resumed from checkpoint round %d in %s", r, store.path)
             return r
         raise CheckpointError(f"no usable checkpoint in {store.path!r}: {'; '.join(skipped)}; "

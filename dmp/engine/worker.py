@@ -183,14 +183,14 @@ class PartitionWorker:
 
     def save(self, path: str) -> dict:
         """Write the partition's arrays; return their manifest (shapes, checksums)."""
-        return write_arrays(path, self.program.partition_arrays(self.state))
+        return write_arrays(path, self.program.checkpoint_arrays(self.state))
 
     def restore(self, path: str, manifest: dict | None = None) -> None:
         """Restore from a checkpoint, its arrays checked against ``manifest`` and their
         declared sizes against this partition's own state before anything is read
         (`dmp.engine.checkpoint.read_arrays`)."""
         try:
-            expected = expected_nbytes(self.program.partition_arrays(self.state))
+            expected = expected_nbytes(self.program.checkpoint_arrays(self.state))
         except Exception:  # a state that cannot list its arrays before a restore: no bound
             expected = None
         arrays = read_arrays(path, manifest=manifest, expected=expected)

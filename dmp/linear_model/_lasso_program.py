@@ -417,12 +417,24 @@ class LassoProgram(Program):
     def partition_arrays(self, s):
         return {"w": s["w"].copy()}
 
+    def checkpoint_arrays(self, s):
+        # the partition's own residual too: rebuilt from the coefficients instead, it
+        # differs in rounding and costs a round, and the resumed fit leaves the
+        # uninterrupted one's path (no round is in flight at a checkpoint: no pending)
+        return {"w": s["w"], "r": s["r"]}
+
     def restore_partition(self, s, arrays):
         w = np.asarray(arrays["w"], dtype=np.float64)
         if w.shape != s["w"].shape:
             raise ValueError(f"checkpoint partition has {w.shape[0]} coefficients, "
                              f"expected {s['w'].shape[0]}")
         s["w"][:] = w
+        if "r" in arrays:   # (a checkpoint of dmp before it has none: the driver refreshes)
+            r = np.asarray(arrays["r"], dtype=np.float64)
+            if r.shape != s["r"].shape:
+                raise ValueError(f"checkpoint partition has a residual of {r.shape[0]} "
+                                 f"samples, expected {s['r'].shape[0]}")
+            s["r"][:] = r
         s["pending"].clear()
 
     # ================================================================== driver side
@@ -658,10 +670,16 @@ class LassoProgram(Program):
         return self.driver.converged
 
     def driver_state(self):
+        # everything the schedule reads: a resumed fit then runs the uninterrupted fit's
+        # rounds (the floor is the one of the last gap round, not one from today's prio;
+        # a gap or refresh round may be due)
         d = self.driver
         return {"prio": d.prio, "rng": d.rng.bit_generator.state, "rr": d.rr,
                 "n_checks": d.n_checks, "since_check": d.since_check,
-                "updates": d.updates, "gap": None if not np.isfinite(d.gap) else d.gap}
+                "updates": d.updates, "gap": None if not np.isfinite(d.gap) else d.gap,
+                "r": d.r, "l1": d.l1, "objective": d.objective, "floor": d.floor,
+                "max_abs_w": d.max_abs_w, "need_gap": d.need_gap,
+                "need_refresh": d.need_refresh}
 
     def load_driver_state(self, state):
         d = self.driver
@@ -674,9 +692,23 @@ class LassoProgram(Program):
         d.since_check = int(state["since_check"])
         d.updates = int(state["updates"])
         d.gap = np.inf if state["gap"] is None else float(state["gap"])
-        # the restored coefficients come without their residual: rebuild it first
-        d.need_refresh = True
-        d.need_gap = False
+        if "r" not in state:
+            # a checkpoint of dmp before the residuals were saved: the restored
+            # coefficients come without their residual, rebuilt first
+            d.need_refresh = True
+            d.need_gap = False
+            return
+        r = np.asarray(state["r"], dtype=np.float64)
+        if r.shape != d.r.shape:
+            raise ValueError(f"checkpoint residual has {r.shape[0]} samples, expected "
+                             f"{d.r.shape[0]}")
+        d.r = r.copy()
+        d.l1 = float(state["l1"])
+        d.objective = float(state["objective"])
+        d.floor = float(state["floor"])
+        d.max_abs_w = float(state["max_abs_w"])
+        d.need_gap = bool(state["need_gap"])
+        d.need_refresh = bool(state["need_refresh"])
 
     def finish(self, partition_arrays):
         d = self.driver

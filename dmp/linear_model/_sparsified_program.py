@@ -298,6 +298,12 @@ class SparsifiedProgram(Program):
             out["table"] = s["table"].copy()
         return out
 
+    def checkpoint_arrays(self, s):
+        # the state itself (no round runs during a checkpoint): copies would double the
+        # partition while it is written
+        extra = {"isega": ("shift",), "isaga": ("table",)}.get(self.method, ())
+        return {name: s[name] for name in ("x", *extra)}
+
     def restore_partition(self, s, arrays):
         for name in self.partition_arrays(s):
             a = np.asarray(arrays[name], dtype=np.float64)

@@ -30,7 +30,9 @@ from .protocol import Backend
 def collect_transient_bytes() -> int:
     """What bringing a partition's arrays to the driver at the end of a fit adds to a
     worker's memory (`DaskBackend.collect_stream`): twice a piece (the piece and its
-    serialised frame) of ``dmp.memory.collect-piece-bytes``, which the memory check counts."""
+    serialised frame) of ``dmp.memory.collect-piece-bytes``, which the memory check counts.
+    A checkpoint's write adds no more (`dmp.engine.checkpoint.write_arrays` writes a piece
+    and its encoded chunk at a time)."""
     return 2 * config.nbytes("dmp.memory.collect-piece-bytes")
 
 
