@@ -99,9 +99,11 @@ def test_run_refuses_an_output_folder_of_other_files(tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_run_removes_only_its_own_checkpoints(tmp_path):
+def test_run_removes_only_its_own_checkpoints(tmp_path, dask_client):
     """A successful run deletes the checkpoint stores it wrote, not the other contents of
-    the ``checkpoints`` folder; an empty output folder is filled, not replaced."""
+    the ``checkpoints`` folder; an empty output folder is filled, not replaced.  (On the
+    session's cluster, ``--scheduler``: the files matter here, not the embedded cluster,
+    which the tests above start.)"""
     ck = tmp_path / "ck"
     ck.mkdir()
     (ck / "other.txt").write_text("not dmp's")
@@ -113,17 +115,19 @@ def test_run_removes_only_its_own_checkpoints(tmp_path):
     path.write_text(spec)
     out = tmp_path / "out"
     out.mkdir()
-    assert main(["run", str(path), "--output", str(out), "--no-progress"]) == 0
+    run = ["run", str(path), "--output", str(out), "--no-progress",
+           "--scheduler", dask_client.scheduler.address]
+    assert main(run) == 0
     assert [p.name for p in ck.iterdir()] == ["other.txt"]
     assert (out / "metrics.json").is_file() and (out / "coef.zarr").is_dir()
     # a second run replaces the first one's output ...
     (out / "metrics.json").write_text("{}")
-    assert main(["run", str(path), "--output", str(out), "--no-progress"]) == 0
+    assert main(run) == 0
     assert json.loads((out / "metrics.json").read_text())["pipeline"] == "lasso_small"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "out", "p.yaml"]
     # ... but not once the user put a file of their own in it
     (out / "notes.md").write_text("mine")
-    assert main(["run", str(path), "--output", str(out), "--no-progress"]) == 2
+    assert main(run) == 2
     assert (out / "notes.md").read_text() == "mine" and (out / "metrics.json").is_file()
 
 

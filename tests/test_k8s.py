@@ -48,7 +48,10 @@ def crd_schemas() -> dict:
     assert files, f"no CRDs found under {root}"
     out = {}
     for f in files:
-        crd = yaml.safe_load(Path(f).read_text())
+        # libyaml's loader where PyYAML has it: the same documents, parsed ~7x faster (the
+        # CRDs are large: pure-Python parsing took seconds of the module's time)
+        crd = yaml.load(Path(f).read_text(), Loader=getattr(yaml, "CSafeLoader",
+                                                             yaml.SafeLoader))
         for ver in crd["spec"]["versions"]:
             out[(f"{crd['spec']['group']}/{ver['name']}", crd["spec"]["names"]["kind"])] = \
                 ver["schema"]["openAPIV3Schema"]

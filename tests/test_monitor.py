@@ -765,15 +765,34 @@ def test_scheduler_without_dmp_warns_and_stays_healthy():
         proc.wait(timeout=60)
 
 
+def _dmp_subscribers(dask_scheduler):
+    """How many clients subscribe to the dmp topic (None: this Dask keeps no such list)."""
+    topics = getattr(getattr(dask_scheduler, "_broker", None), "_topics", None)
+    if topics is None:
+        return None
+    topic = topics.get("dmp")
+    return 0 if topic is None else len(topic.subscribers)
+
+
 @pytest.mark.dask
 def test_cli_follows_a_running_fit(dask_client):
     from dmp.linear_model import Lasso
 
     addr = dask_client.scheduler.address
+    before = dask_client.run_on_scheduler(_dmp_subscribers)
     proc = subprocess.Popen([sys.executable, "-m", "dmp.cli", "monitor", addr,
                              "--exit-when-done", "--timeout", "120", "--interval", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3.0)   # let it subscribe before the fit starts
+    # let it subscribe before the fit starts: until the scheduler lists one more subscriber
+    # of the topic (distributed's broker; a fixed 3 s where it has none)
+    deadline = time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        n = dask_client.run_on_scheduler(_dmp_subscribers)
+        if n is None:
+            time.sleep(3.0)
+        if n is None or n > before:
+            break
+        time.sleep(0.1)
     X, y = make_problem(n=200, p=400, seed=8)
     est = Lasso(alpha=0.05 * alpha_max(X, y), random_state=0, n_workers=2).fit(X, y)
     out, err = proc.communicate(timeout=150)
@@ -949,8 +968,17 @@ def test_dashboard_page_in_headless_chromium(dask_client):
     from dmp.linear_model import Lasso
 
     X, y = make_problem(n=200, p=400, seed=9)
+    # rounds slowed down while the page is watched (its status must find the fit running);
+    # once the page has been checked the rest of the 400 run at full speed
+    watched = threading.Event()
+
+    def slow_while_watched(round, rec):
+        if not watched.is_set():
+            time.sleep(0.03)
+        return False
+
     est = Lasso(alpha=0.05 * alpha_max(X, y), random_state=0, tol=0, max_iter=400,
-                n_workers=2, callback=lambda r, rec: time.sleep(0.03))
+                n_workers=2, callback=slow_while_watched)
     errors = []
 
     def fit():
@@ -997,17 +1025,17 @@ def test_dashboard_page_in_headless_chromium(dask_client):
             finally:
                 browser.close()
     finally:
+        watched.set()
         worker.join(timeout=120)
     assert not errors
     assert len(est.history_["round"]) == 400
 
 
 @pytest.mark.dask
-def test_workers_holding_partitions_are_not_retired():
+def test_workers_holding_partitions_are_not_retired(dask_client):
     """Downscaling (adaptive, the operator's DaskAutoscaler, retire_workers(n=...)) never picks
-    a worker that holds a partition while a fit runs; afterwards it may."""
-    from distributed import Client, LocalCluster
-
+    a worker that holds a partition while a fit runs; afterwards it may (on the session's
+    cluster: nothing an earlier fit left behind keeps a worker either)."""
     from dmp.linear_model import Lasso
 
     def closable(dask_scheduler):
@@ -1015,20 +1043,19 @@ def test_workers_holding_partitions_are_not_retired():
 
     seen = []
     X, y = make_problem(n=150, p=300, seed=11)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
-            Client(cluster) as client:
-        def during(round, rec):
-            if round == 3:
-                seen.append(client.run_on_scheduler(closable))
-            return False
+    client = dask_client
 
-        Lasso(alpha=0.05 * alpha_max(X, y), n_workers=2, tol=0, max_iter=8,
-              callback=during).fit(X, y)
-        assert seen == [[]]
-        deadline = time.monotonic() + 20
-        after = []
-        while len(after) < 2 and time.monotonic() < deadline:
-            after = client.run_on_scheduler(closable)
-            time.sleep(0.2)
-        assert len(after) == 2
+    def during(round, rec):
+        if round == 3:
+            seen.append(client.run_on_scheduler(closable))
+        return False
+
+    Lasso(alpha=0.05 * alpha_max(X, y), n_workers=2, tol=0, max_iter=8,
+          callback=during).fit(X, y)
+    assert seen == [[]]
+    deadline = time.monotonic() + 20
+    after = []
+    while len(after) < 2 and time.monotonic() < deadline:
+        after = client.run_on_scheduler(closable)
+        time.sleep(0.2)
+    assert len(after) == 2

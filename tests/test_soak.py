@@ -19,16 +19,13 @@ def _soak_module():
 
 
 @pytest.mark.timeout(300)
-def test_short_soak(tmp_path):
-    from distributed import Client, LocalCluster
-
+def test_short_soak(cluster3, tmp_path):
+    # the module's 3-worker cluster: the soak ends with its three workers back (the nannies
+    # replace the killed ones), as the test below needs them
     soak = _soak_module()
     lines = []
-    with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
-                      dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
-            Client(cluster) as client:
-        stats = soak.run_soak(client, 8, seed=1, kill_prob=1.0, workdir=tmp_path,
-                              log=lines.append, min_fits=3)
+    stats = soak.run_soak(cluster3, 8, seed=1, kill_prob=1.0, workdir=tmp_path,
+                          log=lines.append, min_fits=3)
     report = "\n".join(lines)
     assert stats["failures"] == [], report
     assert stats["divergences"] == [], report
@@ -37,25 +34,23 @@ def test_short_soak(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_many_small_fits_leave_memory_and_fds_flat():
+def test_many_small_fits_leave_memory_and_fds_flat(dask_client):
     """Small fits of every estimator in a row on one 2-worker cluster leave the workers'
     and the scheduler's resident memory and open file descriptors flat after a warm-up:
     partitions, ring connections, actor futures and monitor records are released.  (A
     shorter run than the 200 fits of ``benchmarks/soak.py --leak``, whose figures are in
     RELIABILITY.md: 200 take 2-5 minutes on 2 busy cores.  The LocalCluster's scheduler
-    runs in this process, so its figures include the driver's.)"""
-    from distributed import Client, LocalCluster
-
+    runs in this process, so its figures include the driver's.)  On the session's cluster
+    (``dask_client``): the earlier modules' fits are part of the warm-up, and whatever they
+    left on it would count against this test."""
     soak = _soak_module()
     lines = []
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
-            Client(cluster) as client:
-        stats = soak.run_leak_check(client, 48, warmup=18, every=10, log=lines.append)
-        # nothing of the fits is left on the cluster: no actor, no data, no task
-        held = client.run(lambda dask_worker: (len(dask_worker.state.actors),
-                                               len(dask_worker.data)))
-        tasks = client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
+    client = dask_client
+    stats = soak.run_leak_check(client, 48, warmup=18, every=10, log=lines.append)
+    # nothing of the fits is left on the cluster: no actor, no data, no task
+    held = client.run(lambda dask_worker: (len(dask_worker.state.actors),
+                                           len(dask_worker.data)))
+    tasks = client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
     assert set(held.values()) == {(0, 0)} and tasks == 0, (held, tasks)
     report = "\n".join(lines)
     assert set(stats["growth"]) == {"worker 0", "worker 1", "scheduler"}, report
