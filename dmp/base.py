@@ -145,12 +145,15 @@ class DMPEstimator(SharedBackendMixin, BaseEstimator):
         checkpoints = "checkpoint" in self._parameter_constraints
         if checkpoints and self.resume and self.checkpoint is None:
             raise ValueError("resume=True needs a checkpoint location")
+        fit.checkpointed = checkpoints and self.checkpoint is not None
         fit.backend = resolve_backend(self.backend, self.n_workers)
         fit.n_partitions = fit.backend.n_partitions
         try:
             fit.dataset = self._dataset(fit)
             fit.program = self._make_program(fit)
-            fingerprint = self._fingerprint(fit)
+            # what a checkpoint must have been written by: only a fit with a checkpoint
+            # location needs it (the content digest reads every byte of the data)
+            fingerprint = self._fingerprint(fit) if fit.checkpointed else None
             if fingerprint is not None:
                 fingerprint = {"estimator": name, **fingerprint,
                                "shape": [int(s) for s in fit.dataset.shape],
@@ -164,7 +167,8 @@ class DMPEstimator(SharedBackendMixin, BaseEstimator):
             run_options.update(self._run_options(fit))
             result = run(fit.program, fit.backend, fingerprint=fingerprint,
                          callback=self.callback, show_progress=self.show_progress, desc=name,
-                         params=self.get_params(deep=False), **run_options)
+                         params=(self.get_params(deep=False) if fit.backend.sends_events
+                                 else None), **run_options)
         finally:
             fit.backend.close()
             if fit.scratch is not None:
@@ -190,7 +194,9 @@ class DMPEstimator(SharedBackendMixin, BaseEstimator):
             fit.scratch = temporary_store_dir(self._scratch_kind)
             ds = data.write(fit.scratch)
         # the checkpoint fingerprint: by content, not by the temporary store's path
-        return ds if data.content is None else tag_content(ds, content_digest(*data.content))
+        if data.content is None or not fit.checkpointed:
+            return ds
+        return tag_content(ds, content_digest(*data.content))
 
     # ------------------------------------------------------------------ hooks
     def _check_fit(self, fit) -> None:
