@@ -16,23 +16,12 @@ from ..io import write_sparse
 from ..io.sparse import InMemorySparseDataset
 from ..utils.estimator import seed_from
 from ..utils.text import plural
+from ._dense import dense_to_compressed
 from ._lasso_program import LassoProgram
 
 
 def _is_dataset(X) -> bool:
     return hasattr(X, "load_shards") and hasattr(X, "col_bounds")
-
-
-def _dense_csc(X: np.ndarray):
-    """A dense array with no zero entry as a CSC matrix, built directly (scipy's conversion
-    finds the nonzeros and sorts them: 20x slower, most of a small fit's preparation); any
-    other input unchanged."""
-    if not isinstance(X, np.ndarray) or X.ndim != 2 or X.size == 0 or not np.all(X):
-        return X
-    n, p = X.shape
-    data = np.ravel(X, order="F") if X.flags.f_contiguous else np.ravel(X.T, order="C")
-    return sp.csc_matrix((data, np.tile(np.arange(n, dtype=np.int32), p),
-                          np.arange(0, n * p + 1, n, dtype=np.int64)), shape=(n, p), copy=False)
 
 
 def _auto_inner_sweeps(schedule: str, n_partitions: int, nnz: int) -> int:
@@ -227,7 +216,8 @@ class Lasso(RegressorMixin, DMPEstimator):
             raise ValueError(f"{P} workers were requested for {p} feature(s): each worker "
                              f"needs at least one feature")
         return InMemoryData(
-            local=lambda: InMemorySparseDataset(_dense_csc(X), y, n_shards=P),
+            local=lambda: InMemorySparseDataset(dense_to_compressed(X, "csc"), y,
+                                                 n_shards=P),
             write=lambda tmp: write_sparse(f"{tmp}/data.zarr", sp.csc_matrix(X), y,
                                            n_shards=min(p, max(P, 1))),
             content=(X, y))
