@@ -285,17 +285,26 @@ def child(case: str, side: str, folder: str) -> None:
                       "second_cpu_s": c3 - c2}))
 
 
-def first_fit(cases, repeats: int, folder: str) -> dict:
-    runs = {(c, s): [] for c in cases for s in ("dmp", "ref")}
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-         env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+def first_fit(cases, repeats: int, folder: str, baseline: str | None = None) -> dict:
+    """``baseline``: another checkout of dmp whose fits run interleaved with this one's
+    (side ``"base"``), for before/after numbers taken under the same load."""
+    sides = ("dmp", "ref") + (("base",) if baseline else ())
+    runs = {(c, s): [] for c in cases for s in sides}
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def env_for(side):
+        env = dict(os.environ)
+        root = os.path.abspath(baseline) if side == "base" else here
+        env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep)
+        return env
+
     for rep in range(repeats + 1):   # the first pass fills Numba's on-disk cache: not kept
         for key in runs:
-            cmd = [sys.executable, os.path.abspath(__file__), "--child", key[0], key[1],
-                   "--data", folder]
-            res = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", key[0],
+                   "dmp" if key[1] == "base" else key[1], "--data", folder]
+            res = subprocess.run(cmd, capture_output=True, text=True, env=env_for(key[1]),
+                                 check=False)
             if res.returncode != 0:
                 raise RuntimeError(f"child {key} failed:\n{res.stderr[-3000:]}")
             if rep:
@@ -303,24 +312,32 @@ def first_fit(cases, repeats: int, folder: str) -> dict:
     out = {}
     for case in cases:
         row = {}
-        for side in ("dmp", "ref"):
+        for side in sides:
             rs = runs[(case, side)]
             row[side] = {"import_s": statistics.median(r["import_s"] for r in rs),
                          "first_s": statistics.median(r["first_s"] for r in rs),
                          "second_s": statistics.median(r["second_s"] for r in rs),
                          "added_s": statistics.median(r["first_s"] - r["second_s"]
                                                       for r in rs),
+                         "import_cpu_s": statistics.median(
+                             r.get("import_cpu_s", np.nan) for r in rs),
                          "added_cpu_s": statistics.median(
                              r.get("first_cpu_s", np.nan) - r.get("second_cpu_s", np.nan)
                              for r in rs),
                          "runs": rs}
         out[case] = row
         d, r = row["dmp"], row["ref"]
-        print(f"  {case:6s} dmp import {d['import_s']:5.2f} s  first-second "
+        print(f"  {case:6s} dmp import {d['import_s']:5.2f} s (cpu {d['import_cpu_s']:5.2f} s)"
+              f"  first-second "
               f"{d['added_s']:6.3f} s (cpu {d['added_cpu_s']:6.3f} s) "
               f"{'PASS' if d['added_s'] <= 0.3 else 'MISS'}   ref import {r['import_s']:5.2f} s"
               f"  first-second {r['added_s']:6.3f} s (cpu {r['added_cpu_s']:6.3f} s)",
               flush=True)
+        if baseline:
+            b = row["base"]
+            print(f"  {'':6s} baseline import {b['import_s']:5.2f} s (cpu "
+                  f"{b['import_cpu_s']:5.2f} s)  first-second {b['added_s']:6.3f} s (cpu "
+                  f"{b['added_cpu_s']:6.3f} s)", flush=True)
     return out
 
 
@@ -345,6 +362,8 @@ def main(argv=None) -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--fresh-repeats", type=int, default=3)
     ap.add_argument("--json")
+    ap.add_argument("--baseline", metavar="PATH",
+                    help="another dmp checkout to time interleaved in --first-fit")
     ap.add_argument("--child", nargs=2, metavar=("CASE", "SIDE"))
     ap.add_argument("--data")
     args = ap.parse_args(argv)
@@ -359,7 +378,8 @@ def main(argv=None) -> None:
             make_data(case, folder)
         if both or args.first_fit:
             print(f"first fit in a fresh process (medians of {args.fresh_repeats}):")
-            result["first_fit"] = first_fit(args.cases, args.fresh_repeats, folder)
+            result["first_fit"] = first_fit(args.cases, args.fresh_repeats, folder,
+                                            args.baseline)
         if both or args.warm:
             print(f"after warm-up (medians of {args.repeats} interleaved repeats):")
             result["warm"] = warm(args.cases, args.repeats, folder)
