@@ -84,6 +84,7 @@ class DMPEstimator(SharedBackendMixin, BaseEstimator):
     A model's ``fit`` calls ``self._fit(X, y, **options)``; ``options`` (e.g. ``X_val``,
     ``arrivals``) reach every hook as attributes of ``fit``, a namespace of the call that
     also holds ``X``, ``y``, ``reset`` (False: a ``partial_fit`` continuing the model),
+    ``checkpointed`` (the fit writes checkpoints: only then are its data fingerprinted),
     ``backend``, ``n_partitions``, ``dataset`` and ``program`` once they exist (a hook may
     add what a later one needs).  The hooks, in the order they run:
 

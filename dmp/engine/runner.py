@@ -241,7 +241,7 @@ class _Run:
         self.status = "error"
         #: most rounds the next batch may hold (`_batch_len`)
         self.batch_cap = 1
-        # read once per fit: three configuration lookups a round cost a small fit ~10%
+        # read once per fit, not in every round
         self.batch_settings = _batch_settings() if self.batchable else None
         # state of one pass over the rounds (`_run_rounds`)
         self.pending: deque[_InFlight] = deque()
