@@ -84,6 +84,7 @@ class DMPEstimator(SharedBackendMixin, BaseEstimator):
     A model's ``fit`` calls ``self._fit(X, y, **options)``; ``options`` (e.g. ``X_val``,
     ``arrivals``) reach every hook as attributes of ``fit``, a namespace of the call that
     also holds ``X``, ``y``, ``reset`` (False: a ``partial_fit`` continuing the model),
+    ``checkpointed`` (the fit writes checkpoints: only then are its data fingerprinted),
     ``backend``, ``n_partitions``, ``dataset`` and ``program`` once they exist (a hook may
     add what a later one needs).  The hooks, in the order they run:
 
@@ -147,12 +148,15 @@ class DMPEstimator(SharedBackendMixin, BaseEstimator):
         checkpoints = "checkpoint" in self._parameter_constraints
         if checkpoints and self.resume and self.checkpoint is None:
             raise ValueError("resume=True needs a checkpoint location")
+        fit.checkpointed = checkpoints and self.checkpoint is not None
         fit.backend = resolve_backend(self.backend, self.n_workers)
         fit.n_partitions = fit.backend.n_partitions
         try:
             fit.dataset = self._dataset(fit)
             fit.program = self._make_program(fit)
-            fingerprint = self._fingerprint(fit)
+            # what a checkpoint must have been written by: only a fit with a checkpoint
+            # location needs it (the content digest reads every byte of the data)
+            fingerprint = self._fingerprint(fit) if fit.checkpointed else None
             if fingerprint is not None:
                 fingerprint = {"estimator": name, **fingerprint,
                                "shape": [int(s) for s in fit.dataset.shape],
@@ -166,7 +170,8 @@ class DMPEstimator(SharedBackendMixin, BaseEstimator):
             run_options.update(self._run_options(fit))
             result = run(fit.program, fit.backend, fingerprint=fingerprint,
                          callback=self.callback, show_progress=self.show_progress, desc=name,
-                         params=self.get_params(deep=False), **run_options)
+                         params=(self.get_params(deep=False) if fit.backend.sends_events
+                                 else None), **run_options)
         finally:
             fit.backend.close()
             if fit.scratch is not None:
@@ -192,7 +197,9 @@ class DMPEstimator(SharedBackendMixin, BaseEstimator):
             fit.scratch = temporary_store_dir(self._scratch_kind)
             ds = data.write(fit.scratch)
         # the checkpoint fingerprint: by content, not by the temporary store's path
-        return ds if data.content is None else tag_content(ds, content_digest(*data.content))
+        if data.content is None or not fit.checkpointed:
+            return ds
+        return tag_content(ds, content_digest(*data.content))
 
     # ------------------------------------------------------------------ hooks
     def _check_fit(self, fit) -> None:

@@ -54,7 +54,6 @@ import uuid
 import warnings
 
 import numpy as np
-import zarr
 
 from .. import config
 from ..exceptions import CheckpointError, CheckpointLockedError, CheckpointWarning
@@ -80,6 +79,8 @@ def _history_name(round: int) -> str:
 
 
 def _open(path, mode, storage_options=None):
+    import zarr   # here: a fit without checkpoints never imports zarr
+
     path = os.fspath(path) if not isinstance(path, str) else path
     if is_remote(path) and storage_options:
         return zarr.open_group(path, mode=mode, zarr_format=3, storage_options=storage_options)

@@ -241,6 +241,8 @@ class _Run:
         self.status = "error"
         #: most rounds the next batch may hold (`_batch_len`)
         self.batch_cap = 1
+        # read once per fit, not in every round
+        self.batch_settings = _batch_settings() if self.batchable else None
         # state of one pass over the rounds (`_run_rounds`)
         self.pending: deque[_InFlight] = deque()
         self.update = None
@@ -422,10 +424,11 @@ class _Run:
         # growing at most 4x at once
         push_bytes = [payload_nbytes([res["partial"] for res in results])
                       for results in results_seq]
-        max_rounds, target_s, max_bytes = _batch_settings()
-        self.batch_cap = int(max(1, min(max_rounds, 4 * m,
-                                        target_s * m / max(batch_s, 1e-9),
-                                        max_bytes / max(max(push_bytes), 1))))
+        if self.batchable:   # a backend that cannot batch has no batch to size
+            max_rounds, target_s, max_bytes = self.batch_settings
+            self.batch_cap = int(max(1, min(max_rounds, 4 * m,
+                                            target_s * m / max(batch_s, 1e-9),
+                                            max_bytes / max(max(push_bytes), 1))))
         for j, results in enumerate(results_seq):
             self._pull_round(batch, j, results, push_bytes[j], wall_to_loop)
 

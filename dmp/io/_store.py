@@ -14,8 +14,6 @@ import shutil
 import uuid
 
 import numpy as np
-import zarr
-from zarr.codecs import BloscCodec, ZstdCodec
 
 from .. import config
 from ..exceptions import DMPError
@@ -71,6 +69,8 @@ def _exists(path: str, storage_options) -> bool:
 def _open_group(path: str, storage_options, mode: str = "r"):
     # dmp never consolidates its stores' metadata: a consolidated copy in the root zarr.json
     # (stale, or hostile) is ignored, every array is read with its own metadata
+    import zarr   # here: an in-memory fit never imports zarr (BENCHMARKS.md, "Small problems")
+
     kw = {"use_consolidated": False} if mode == "r" else {}
     if _is_remote(path) and storage_options:
         return zarr.open_group(path, mode=mode, storage_options=storage_options, zarr_format=3,
@@ -237,6 +237,8 @@ def _what_else(attrs: dict) -> str:
 
 def _write_array(group, name: str, values: np.ndarray, dtype: str) -> None:
     """Create the 1-D array ``name`` in ``group`` and fill it with ``values``."""
+    from zarr.codecs import BloscCodec, ZstdCodec
+
     values = np.ascontiguousarray(values, dtype=dtype)
     n = int(values.shape[0])
     if np.dtype(dtype).kind == "f":
@@ -522,6 +524,8 @@ class _StoredDataset:
         except Exception as e:   # zarr rejects its metadata: TypeError, ValueError, ...
             raise DatasetError(f"{what}: array {short!r} has corrupt metadata "
                                f"({type(e).__name__}: {e})") from None
+        import zarr
+
         if not isinstance(z, zarr.Array):
             raise DatasetError(f"{what}: {short!r} is a group, expected an array")
         if z.ndim != 1:

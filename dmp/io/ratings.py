@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-from zarr.codecs import BloscCodec, ZstdCodec
 
 from ..utils.text import plural, shown
 from ._store import (FORMAT_VERSION, DatasetError, _atomic_write, _balanced_bounds,
@@ -293,6 +292,8 @@ def _write_chunked(group, name: str, values: np.ndarray, dtype) -> None:
     if dtype == "str":
         z = group.create_array(name, shape=(n,), dtype=str, chunks=chunks)
     else:
+        from zarr.codecs import BloscCodec, ZstdCodec
+
         values = np.ascontiguousarray(values, dtype=dtype)
         comp = (BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")
                 if np.dtype(dtype).kind == "f" else ZstdCodec(level=3))

@@ -16,6 +16,7 @@ from ..io import write_sparse
 from ..io.sparse import InMemorySparseDataset
 from ..utils.estimator import seed_from
 from ..utils.text import plural
+from ._dense import dense_to_compressed
 from ._lasso_program import LassoProgram
 
 
@@ -215,7 +216,8 @@ class Lasso(RegressorMixin, DMPEstimator):
             raise ValueError(f"{P} workers were requested for {p} feature(s): each worker "
                              f"needs at least one feature")
         return InMemoryData(
-            local=lambda: InMemorySparseDataset(X, y, n_shards=P),
+            local=lambda: InMemorySparseDataset(dense_to_compressed(X, "csc"), y,
+                                                 n_shards=P),
             write=lambda tmp: write_sparse(f"{tmp}/data.zarr", sp.csc_matrix(X), y,
                                            n_shards=min(p, max(P, 1))),
             content=(X, y))

@@ -57,6 +57,16 @@ _NO_QUANTILES = [float("nan")] * 5
 _QUANTILE_SAMPLE = 4096
 
 
+def _quantiles(values: np.ndarray) -> list:
+    """`_PRIORITY_QUANTILES` of ``values`` (numpy's default, linear interpolation) from one
+    sort: ``np.quantile``'s generality costs more than the sort of a round's few values."""
+    a = np.sort(values)
+    pos = np.asarray(_PRIORITY_QUANTILES) * (len(a) - 1)
+    lo = np.floor(pos).astype(np.int64)
+    hi = np.minimum(lo + 1, len(a) - 1)
+    return (a[lo] + (a[hi] - a[lo]) * (pos - lo)).tolist()
+
+
 def _l1_change(w_old, delta, t):
     return float(np.abs(w_old + t * delta).sum() - np.abs(w_old).sum())
 
@@ -161,6 +171,10 @@ class CDPlan(Message):
     filter: bool
     sweeps: int
     inner_tol: float
+    #: also return the gap round's correlations after the sweeps (one partition: its
+    #: residual is the driver's, so the gap round that follows a solved working set is
+    #: computed in the same push and the round saved)
+    gap: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,6 +202,8 @@ class CDPartial(Message):
     n_cand: int
     #: the repeated sweeps stopped early (the working set is solved)
     solved: bool
+    #: the gap round's result after the sweeps (`CDPlan.gap`)
+    gap: "GapPartial | None" = None
 
 
 @dataclass(frozen=True)
@@ -353,17 +369,20 @@ class LassoProgram(Program):
             case CDPlan():
                 return self._push_cd(s, plan)
             case GapPlan():
-                corr = np.empty(len(s["w"]))
-                kernels.correlations(s["indptr"], s["indices"], s["data"], s["r"], corr)
-                vd = np.empty_like(corr)
-                kernels.virtual_deltas(corr, s["sq"], s["w"], self.alpha * s["n"], vd)
-                return GapPartial(dual_norm=float(np.abs(corr).max(initial=0.0)),
-                                  prio=vd * vd, l1=float(np.abs(s["w"]).sum()))
+                return self._push_gap(s)
             case RefreshPlan():
                 xw = np.zeros(s["n"])
                 kernels.block_matvec(s["indptr"], s["indices"], s["data"], s["means"], s["w"], xw)
                 return RefreshPartial(xw=_encode(xw), l1=float(np.abs(s["w"]).sum()))
         raise unexpected(self, "a plan", plan, _PLANS)
+
+    def _push_gap(self, s) -> GapPartial:
+        corr = np.empty(len(s["w"]))
+        kernels.correlations(s["indptr"], s["indices"], s["data"], s["r"], corr)
+        vd = np.empty_like(corr)
+        kernels.virtual_deltas(corr, s["sq"], s["w"], self.alpha * s["n"], vd)
+        return GapPartial(dual_norm=float(np.abs(corr).max(initial=0.0)),
+                          prio=vd * vd, l1=float(np.abs(s["w"]).sum()))
 
     def _push_cd(self, s, plan: CDPlan) -> CDPartial:
         idx = plan.idx
@@ -396,7 +415,8 @@ class LassoProgram(Program):
         dr = s["r"] - r_before
         s["pending"][plan.round] = (dr, kept, delta)
         return CDPartial(dr=_encode(dr), kept=kept, delta=delta, w_old=w_old,
-                         n_cand=len(plan.idx), solved=solved)
+                         n_cand=len(plan.idx), solved=solved,
+                         gap=self._push_gap(s) if plan.gap and solved else None)
 
     def apply(self, s, update):
         match update:
@@ -522,9 +542,11 @@ class LassoProgram(Program):
             # (of an evenly strided subsample, which keeps the set's make-up: the exact
             # quantiles of a large round cost milliseconds of driver time per round)
             stride = max(1, len(cand) // _QUANTILE_SAMPLE)
-            d.priority_q[round] = np.quantile(d.prio[cand[::stride]],
-                                              _PRIORITY_QUANTILES).tolist()
+            d.priority_q[round] = _quantiles(d.prio[cand[::stride]])
         inner_tol = self._inner_tol()
+        # one partition solving its working set: the gap round that follows comes back with
+        # this round (`CDPlan.gap`)
+        fuse_gap = P == 1 and self.inner_sweeps > 1
         owner = np.searchsorted(d.starts, cand, side="right") - 1
         plans = []
         for k in range(P):
@@ -532,7 +554,8 @@ class LassoProgram(Program):
             keep = len(local) if L is None else int(np.ceil(L * len(local) / max(len(cand), 1)))
             plans.append(CDPlan(round=round, idx=local.astype(np.int64), keep=keep,
                                 filter=self.schedule_kind == "priority",
-                                sweeps=self.inner_sweeps, inner_tol=inner_tol))
+                                sweeps=self.inner_sweeps, inner_tol=inner_tol,
+                                gap=fuse_gap))
         return plans
 
     def _objective(self, r, l1):
@@ -541,7 +564,15 @@ class LassoProgram(Program):
     def pull(self, round, partials):
         match partials[0]:
             case CDPartial():
-                return self._pull_cd(round, partials)
+                update = self._pull_cd(round, partials)
+                d = self.driver
+                # the gap round this round asked for came back with it (`CDPlan.gap`); not
+                # when a refresh comes first, which the gap round then follows as usual
+                if partials[0].gap is not None and d.need_gap and not d.need_refresh:
+                    last = d.last
+                    self._pull_gap([pt.gap for pt in partials])
+                    d.last = last
+                return update
             case GapPartial():
                 self._pull_gap(partials)
                 return None

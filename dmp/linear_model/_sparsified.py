@@ -15,6 +15,7 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from ..base import DMPEstimator, InMemoryData
 from ..io import InMemorySparseRowDataset, write_sparse_rows
 from ..utils.estimator import seed_from
+from ._dense import dense_to_compressed
 from ._sparsified_program import SparsifiedProgram
 
 
@@ -104,7 +105,7 @@ class _SparsifiedBase(DMPEstimator):
                                  y_numeric=not isinstance(self, ClassifierMixin))
         y = self._check_labels(y, fit)
         self._stored_labels = False
-        X, P = sp.csr_matrix(X), fit.n_partitions
+        X, P = sp.csr_matrix(dense_to_compressed(X, "csr")), fit.n_partitions
         self._check_split(X.shape[0], "sample", P)
         return InMemoryData(
             local=lambda: InMemorySparseRowDataset(X, y, n_shards=P),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 
 # named errors of dmp.exceptions (DMPError subclasses), imported from here before they moved
 from ...exceptions import InsufficientMemoryError, WorkerLostError  # noqa: F401
@@ -13,23 +14,23 @@ def _looks_like_backend(obj) -> bool:
 
 
 def active_client():
-    """The current ``distributed.Client``, or None when there is none."""
-    try:
-        from distributed import get_client
-    except ImportError:  # pragma: no cover - distributed is a dependency
+    """The current ``distributed.Client``, or None when there is none.
+
+    A client (and a Dask worker) exists only once ``distributed`` is imported: without it
+    there is none, and an in-process fit does not pay distributed's import (most of a small
+    first fit's time otherwise, BENCHMARKS.md "Small problems and the first fit")."""
+    distributed = sys.modules.get("distributed")
+    if distributed is None:
         return None
     try:
-        return get_client()
+        return distributed.get_client()
     except ValueError:
         return None
 
 
 def _is_client(obj) -> bool:
-    try:
-        from distributed import Client
-    except ImportError:  # pragma: no cover - distributed is a dependency
-        return False
-    return isinstance(obj, Client)
+    distributed = sys.modules.get("distributed")   # no client without it (`active_client`)
+    return distributed is not None and isinstance(obj, distributed.Client)
 
 
 def resolve_backend(backend="auto", n_workers=None):
