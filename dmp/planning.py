@@ -163,31 +163,34 @@ class Probe:
     probe_s: float = 0.0
 
 
-def _probe_from_history(history: list[dict], P: int, *, max_rounds: int, completed: bool,
+def _probe_from_history(rec: "_Recorder", P: int, *, max_rounds: int,
                         batch_lengths: list[int], partition_bytes, probe_s: float) -> Probe:
-    """A `Probe` from a run's per-round records."""
+    """A `Probe` from what the recorder saw of a run, round by round (the first round,
+    which compiles and warms caches, left out when there are others)."""
+    history = rec.records
     if not history:
         raise RuntimeError(f"the probe at {P} partition(s) ran no round")
-    # the first round compiles and warms caches: left out when there are others
     first = 1 if len(history) > 1 else 0
-    recs = history[first:]
-    times = [0.0] + [r["time"] for r in history]
     compute, driver, dbytes, rbytes = [], [], [], []
-    for j, rec in enumerate(recs, start=first + 1):
-        push = np.asarray(rec["push_s"], dtype=float)
-        ring = np.asarray(rec.get("ring_s", [0.0] * len(push)), dtype=float)
-        wall = times[j] - times[j - 1]
-        compute.append(float(push.max()))
-        driver.append(max(wall - float(push.sum()) - float(ring.sum()), 0.0))
-        dbytes.append(rec["bytes_schedule"] + rec["bytes_push"] + rec["bytes_pull"])
-        rbytes.append(rec.get("bytes_ring", 0) / P)
+    for j in range(first, len(history)):
+        r = history[j]
+        pushes = rec.pushes[j] or [0.0]
+        applied = rec.applies[j]
+        compute.append(max(pushes) + applied / P)   # a cluster's workers apply in parallel
+        if j:
+            spent = rec.cpu[j] - rec.cpu[j - 1]
+            driver.append(max(spent - sum(pushes) - applied, 0.0))
+        dbytes.append(r["bytes_schedule"] + r["bytes_push"] + r["bytes_pull"])
+        rbytes.append(r.get("bytes_ring", 0) / P)
     # a round that moves ring data sends one message from each partition (to the next on
     # the ring: LDA's word blocks, ParMAC's submodels, CCD++'s sums)
-    messages = float(np.mean([1.0 if rec.get("bytes_ring", 0) else 0.0 for rec in recs]))
+    messages = float(np.mean([1.0 if history[j].get("bytes_ring", 0) else 0.0
+                              for j in range(first, len(history))]))
+    completed = not rec.stopped
     return Probe(
         n_partitions=P, rounds=len(history) if completed else max_rounds,
         rounds_source="probe" if completed else "max_iter", max_rounds=max_rounds,
-        compute_s=float(np.mean(compute)), driver_s=float(np.mean(driver)),
+        compute_s=float(np.mean(compute)), driver_s=float(np.mean(driver)) if driver else 0.0,
         driver_bytes=float(np.mean(dbytes)), ring_bytes=float(np.mean(rbytes)),
         ring_messages=messages,
         batch_rounds=float(np.mean(batch_lengths)) if batch_lengths else 1.0,
@@ -196,7 +199,14 @@ def _probe_from_history(history: list[dict], P: int, *, max_rounds: int, complet
 
 class _Recorder:
     """The probe's callback: stops the fit after ``seconds`` (never before 3 rounds) and
-    records, after each round, how many rounds a call could batch from the next one on."""
+    records, after each round, the round's record, the CPU seconds of this thread, of each
+    push and of the applies in it, and how many rounds a call could batch from the next
+    one on.
+
+    CPU seconds, not wall seconds: on a busy machine a probe waits for a core, which says
+    nothing of the work.  In process, the partitions call the probe's program object in
+    this thread one after the other (`watch`), so each push's CPU time is its own.
+    """
 
     def __init__(self, seconds: float, min_rounds: int = 3):
         self.seconds, self.min_rounds = seconds, min_rounds
@@ -204,8 +214,41 @@ class _Recorder:
         self.t0 = None
         self.batch = []
         self.stopped = False
+        self.records = []
+        #: per round: this thread's CPU seconds at its end, its pushes' CPU seconds (one
+        #: per partition), its applies' CPU seconds (all partitions)
+        self.cpu = []
+        self.pushes = []
+        self.applies = []
+        self._pushes, self._applied = [], 0.0
+
+    def watch(self, program) -> None:
+        """Time ``program``'s pushes and applies (this probe's program object only)."""
+        self.program = program
+        push, apply = program.push, program.apply
+
+        def timed_push(state, plan):
+            t0 = time.thread_time()
+            try:
+                return push(state, plan)
+            finally:
+                self._pushes.append(time.thread_time() - t0)
+
+        def timed_apply(state, update):
+            t0 = time.thread_time()
+            try:
+                return apply(state, update)
+            finally:
+                self._applied += time.thread_time() - t0
+
+        program.push, program.apply = timed_push, timed_apply
 
     def __call__(self, round, rec):
+        self.cpu.append(time.thread_time())
+        self.pushes.append(self._pushes)
+        self.applies.append(self._applied)
+        self._pushes, self._applied = [], 0.0
+        self.records.append(rec)
         if self.t0 is None:
             self.t0 = time.perf_counter()
         p = self.program
@@ -245,14 +288,24 @@ def probe_program(program: Program, n_partitions: int, *, max_iter: int,
     """Probe ``program`` on the in-process backend at ``n_partitions`` for about
     ``seconds`` (or to its stopping rule, whichever comes first)."""
     rec = _Recorder(seconds)
-    rec.program = program
+    rec.watch(program)
     t0 = time.perf_counter()
-    result = run(program, LocalBackend(n_partitions), max_iter=max_iter, callback=rec)
+    with _one_blas_thread():
+        run(program, LocalBackend(n_partitions), max_iter=max_iter, callback=rec)
     return _probe_from_history(
-        result.history, n_partitions, max_rounds=max_iter, completed=not rec.stopped,
+        rec, n_partitions, max_rounds=max_iter,
         batch_lengths=_call_lengths(rec.batch, config.count("dmp.batch.max-rounds")),
         partition_bytes=_max_partition_bytes(program, n_partitions),
         probe_s=time.perf_counter() - t0)
+
+
+def _one_blas_thread():
+    """BLAS on one thread while a probe runs, as on a Dask worker of one thread (whose
+    environment limits it so); a pool of BLAS threads would also count their spinning in
+    the probe's CPU time."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 class _Dry(Exception):
@@ -271,7 +324,7 @@ def _spied(estimator, P, recorder=None, dry=False):
         opts = hook(fit)
         seen.max_iter, seen.program = int(opts["max_iter"]), fit.program
         if recorder is not None:
-            recorder.program = fit.program
+            recorder.watch(fit.program)
         if dry:
             raise _Dry
         return opts
@@ -299,20 +352,19 @@ def probe_estimator(estimator, X, y=None, *, n_partitions: int, seconds: float =
     rec = _Recorder(seconds)
     est, seen = _spied(estimator, n_partitions, recorder=rec)
     t0 = time.perf_counter()
-    est.fit(X, y) if y is not None else est.fit(X)
-    history = _history_records(est.history_)
+    try:
+        with _one_blas_thread():
+            est.fit(X, y) if y is not None else est.fit(X)
+    except Exception:
+        # a model that cannot set its attributes from a fit stopped this early (the binary
+        # autoencoder before its first complete iteration) still recorded its rounds
+        if not rec.stopped:
+            raise
     return _probe_from_history(
-        history, n_partitions, max_rounds=seen.max_iter, completed=not rec.stopped,
+        rec, n_partitions, max_rounds=seen.max_iter,
         batch_lengths=_call_lengths(rec.batch, config.count("dmp.batch.max-rounds")),
         partition_bytes=_max_partition_bytes(seen.program, n_partitions),
         probe_s=time.perf_counter() - t0)
-
-
-def _history_records(h: dict) -> list[dict]:
-    """``history_`` (a dict of arrays) back to one dict per round."""
-    n = len(h["round"])
-    return [{k: (np.asarray(v)[i].tolist() if np.ndim(v) > 1 else np.asarray(v)[i])
-             for k, v in h.items() if len(np.asarray(v)) == n} for i in range(n)]
 
 
 # --------------------------------------------------------------------------- the prediction
@@ -645,7 +697,7 @@ class NullProgram(Program):
         return partial
 
     def receive(self, state, round, src, payload):
-        state["inbox"][round] = payload
+        state["inbox"] = {round: payload}   # only the last: it is never read
 
     def pull(self, round, partials):
         _spin(self.pull_s)
@@ -660,15 +712,23 @@ def _spin(seconds: float) -> None:
         pass
 
 
-def measure_engine(backend, rounds: int = 60) -> dict:
-    """Seconds per round of `NullProgram` (no work, 8-byte partials) on ``backend`` (a
-    dmp backend or a ``distributed.Client``): the engine's fixed cost of a round there,
-    as ``{"round_s": median, "n_partitions": P}``."""
+def measure_engine(backend, *, rounds: int = 40, partial_bytes: int = 8,
+                   ring_bytes: int = 0) -> dict:
+    """Seconds per round of `NullProgram` (no work) on ``backend`` (a dmp backend or a
+    ``distributed.Client``): the engine's own cost of a round there, with partials of
+    ``partial_bytes`` and, with ``ring_bytes``, one ring message per partition.
+
+    Returns ``{"round_s": median seconds per round, "n_partitions": P}``.  Rounds with
+    tiny and with large partials, and with and without ring messages, give the per-call,
+    per-byte and per-message costs (`EngineCosts`, `Network`) of a cluster.
+    """
     from .engine.backends.base import resolve_backend
 
     be = resolve_backend(backend, None)
-    result = run(NullProgram(), be, max_iter=rounds)
-    be.close()
-    t = np.diff([r["time"] for r in result.history])[5:]
+    try:
+        result = run(NullProgram(partial_bytes=partial_bytes, ring_bytes=ring_bytes), be,
+                     max_iter=rounds)
+    finally:
+        be.close()
+    t = np.diff([r["time"] for r in result.history])[min(5, rounds // 4):]
     return {"round_s": float(np.median(t)), "n_partitions": be.n_partitions}
-

@@ -90,7 +90,7 @@ def test_probe_of_a_program_of_known_costs():
     assert probe.driver_bytes == 3 * 800     # plans of None count nothing, no pull result
     assert probe.ring_bytes == 1600 and probe.ring_messages == 1.0
     assert probe.partition_bytes == 12345
-    assert 0.004 <= probe.compute_s < 0.5
+    assert 0.0035 <= probe.compute_s < 0.5   # seconds of one core: what it spun
     assert probe.batch_rounds == 1.0
     row = predict(probe, 3, network=Network(1e9, 0.0), engine=EngineCosts(0, 0, 0, 0))
     assert row["compute_s"] == pytest.approx(12 * probe.compute_s)
