@@ -13,10 +13,11 @@ is fitted on a store written beforehand (so setup is the workers loading their s
 Per model and P: the round loop (``history_["time"][-1]``) and the whole fit (``fit``'s wall
 time), speed-up and parallel efficiency against P = 1, rounds, bytes per worker per round
 (all message kinds), the peak memory of each worker process (the scheduler's samples, every
-0.2 s), the CPU share a spinning worker got (at most ``cpu``; less on a busy machine), and
+0.2 s), the CPU share each worker got while all of them spun at once (at most ``cpu``; less
+on a busy machine), and
 the planner's prediction of the round loop for the same P, the cores the workers got (the
 median CPU share; the nominal ``cpu`` too) and the emulation's engine costs, which are measured on each cluster with `dmp.planning.NullProgram` (tiny and 1 MiB
-partials, ring messages).  The planner probes each model in this process (unconfined, on
+partials, ring hops in batches of rounds).  The planner probes each model in this process (unconfined, on
 the in-process backend) before the clusters start.
 
 The problems are much smaller than issue 26's (>= 10M LDA tokens, >= 200k ParMAC points):
@@ -154,7 +155,18 @@ def engine_costs(client, P: int) -> dict:
            "big_s": measure_engine(client, rounds=20, partial_bytes=2**20)["round_s"]}
     if P > 1:
         out["ring_s"] = measure_engine(client, rounds=30, ring_bytes=8)["round_s"]
+        out["hop_s"] = measure_engine(client, rounds=400, ring_bytes=8, batched=True)["round_s"]
     return out
+
+
+def busy_share(client, seconds: float = 1.0) -> float:
+    """The CPU share each worker gets while all of them spin at once (at most ``cpu``;
+    less when the machine is busy): the cores a compute-bound round really has."""
+    from dmp.testing import spin
+
+    addrs = list(client.scheduler_info(n_workers=-1)["workers"])
+    futs = [client.submit(spin, seconds, workers=[a], pure=False) for a in addrs]
+    return float(np.median([cpu / wall for cpu, wall in client.gather(futs)]))
 
 
 def fit_on(est, ds, client, P: int) -> dict:
@@ -184,8 +196,9 @@ def calibrated(costs: dict, cpu: float, driver_cpu: float):
     b, a = max(b, 0.0), max(a, 0.0)
     per_byte = np.median([max(costs[int(P)]["big_s"] - costs[int(P)]["null_s"], 1e-9)
                           / (P * 2**20) for P in Ps])
-    ring = [costs[int(P)]["ring_s"] - costs[int(P)]["null_s"] for P in Ps if P > 1]
-    message = max(float(np.median(ring)), 0.0) if ring else 0.0
+    # a ring hop inside a batch of rounds (the rounds of a batch are a chain of hops)
+    hops = [costs[int(P)]["hop_s"] for P in Ps if P > 1]
+    message = float(np.median(hops)) if hops else 0.0
     eng = EngineCosts(call_s=b * driver_cpu, worker_call_s=a * cpu, message_s=message * cpu,
                       round_s=0.0)
     return eng, Network(bandwidth=1.0 / per_byte, latency=0.0)
@@ -236,7 +249,7 @@ def main(argv=None) -> int:
                 with EmulatedCluster(n_workers=P, cpu=cpu, memory_limit="2GiB",
                                      driver_cpu=cpu, scheduler_cpu=cpu) as cluster:
                     client = cluster.client
-                    shares.setdefault(P, []).append(cluster.cpu_share("w0", seconds=1.0))
+                    shares.setdefault(P, []).append(busy_share(client))
                     c = engine_costs(client, P)
                     costs.setdefault(P, []).append(c)
                     print(f"P={P} rep {rep}: cpu share {shares[P][-1]:.3f}, null round "

@@ -182,10 +182,9 @@ def _probe_from_history(rec: "_Recorder", P: int, *, max_rounds: int,
             driver.append(max(spent - sum(pushes) - applied, 0.0))
         dbytes.append(r["bytes_schedule"] + r["bytes_push"] + r["bytes_pull"])
         rbytes.append(r.get("bytes_ring", 0) / P)
-    # a round that moves ring data sends one message from each partition (to the next on
-    # the ring: LDA's word blocks, ParMAC's submodels, CCD++'s sums)
-    messages = float(np.mean([1.0 if history[j].get("bytes_ring", 0) else 0.0
-                              for j in range(first, len(history))]))
+    # ring messages each partition receives a round (delivered before the round's end in
+    # process, and counted there; a message to itself is no message)
+    messages = float(np.mean(rec.received[first:])) / P if rec.received else 0.0
     completed = not rec.stopped
     return Probe(
         n_partitions=P, rounds=len(history) if completed else max_rounds,
@@ -216,14 +215,17 @@ class _Recorder:
         self.stopped = False
         self.records = []
         #: per round: this thread's CPU seconds at its end, its pushes' CPU seconds (one
-        #: per partition), its applies' CPU seconds (all partitions)
+        #: per partition), the CPU seconds of its applies and ring receives (all partitions)
         self.cpu = []
         self.pushes = []
         self.applies = []
-        self._pushes, self._applied = [], 0.0
+        #: per round: ring messages delivered (all partitions)
+        self.received = []
+        self._pushes, self._applied, self._received = [], 0.0, 0
 
     def watch(self, program) -> None:
-        """Time ``program``'s pushes and applies (this probe's program object only)."""
+        """Time ``program``'s pushes, applies and receives, and count the ring messages
+        (this probe's program object only)."""
         self.program = program
         push, apply = program.push, program.apply
 
@@ -242,12 +244,25 @@ class _Recorder:
                 self._applied += time.thread_time() - t0
 
         program.push, program.apply = timed_push, timed_apply
+        if program.uses_ring:
+            receive = program.receive
+
+            def counted_receive(state, round, src, payload):
+                self._received += 1
+                t0 = time.thread_time()
+                try:
+                    return receive(state, round, src, payload)
+                finally:
+                    self._applied += time.thread_time() - t0
+
+            program.receive = counted_receive
 
     def __call__(self, round, rec):
         self.cpu.append(time.thread_time())
         self.pushes.append(self._pushes)
         self.applies.append(self._applied)
-        self._pushes, self._applied = [], 0.0
+        self.received.append(self._received)
+        self._pushes, self._applied, self._received = [], 0.0, 0
         self.records.append(rec)
         if self.t0 is None:
             self.t0 = time.perf_counter()
@@ -666,8 +681,9 @@ class NullProgram(Program):
     gather_partitions = False
 
     def __init__(self, push_s=0.0, pull_s=0.0, partial_bytes=8, ring_bytes=0,
-                 partition_bytes=1000):
+                 partition_bytes=1000, batched=False):
         super().__init__()
+        self.batched = bool(batched)
         self.push_s, self.pull_s = float(push_s), float(pull_s)
         self.partial_bytes, self.ring_bytes = int(partial_bytes), int(ring_bytes)
         self.partition_bytes = int(partition_bytes)
@@ -696,6 +712,17 @@ class NullProgram(Program):
                                    np.zeros(self.ring_bytes // 8)})
         return partial
 
+    def ring_inbox(self, round):
+        # with ``batched``, each partition waits for the message of the one before it: a
+        # batch of rounds is a chain of ring hops, timed without the driver
+        if not self.batched:
+            return None
+        P = self.driver["P"]
+        return [1 if P > 1 else 0] * P
+
+    def batch_rounds(self, round):
+        return 1024 if self.batched else 1
+
     def receive(self, state, round, src, payload):
         state["inbox"] = {round: payload}   # only the last: it is never read
 
@@ -713,21 +740,23 @@ def _spin(seconds: float) -> None:
 
 
 def measure_engine(backend, *, rounds: int = 40, partial_bytes: int = 8,
-                   ring_bytes: int = 0) -> dict:
+                   ring_bytes: int = 0, batched: bool = False) -> dict:
     """Seconds per round of `NullProgram` (no work) on ``backend`` (a dmp backend or a
     ``distributed.Client``): the engine's own cost of a round there, with partials of
     ``partial_bytes`` and, with ``ring_bytes``, one ring message per partition.
 
     Returns ``{"round_s": median seconds per round, "n_partitions": P}``.  Rounds with
     tiny and with large partials, and with and without ring messages, give the per-call,
-    per-byte and per-message costs (`EngineCosts`, `Network`) of a cluster.
+    per-byte and per-message costs (`EngineCosts`, `Network`) of a cluster; ``batched``
+    ring rounds run in batches (one call per partition for many rounds, each a ring hop),
+    whose time per round is a message's cost there.
     """
     from .engine.backends.base import resolve_backend
 
     be = resolve_backend(backend, None)
     try:
-        result = run(NullProgram(partial_bytes=partial_bytes, ring_bytes=ring_bytes), be,
-                     max_iter=rounds)
+        result = run(NullProgram(partial_bytes=partial_bytes, ring_bytes=ring_bytes,
+                                 batched=batched), be, max_iter=rounds)
     finally:
         be.close()
     t = np.diff([r["time"] for r in result.history])[min(5, rounds // 4):]
