@@ -10,13 +10,14 @@ Run from the repository root as root (CPU cgroups), with the project's environme
 Each P gets one `dmp.testing.EmulatedCluster` (P workers of ``--cpu`` cores each; driver and
 scheduler ``--cpu`` each: 8 x 0.2 + 0.4 = 2.0 cores, this machine's), on which every model
 is fitted on a store written beforehand (so setup is the workers loading their shards).
-Per model and P: the round loop (``history_["time"][-1]``) and the whole fit (``fit``'s wall
-time), speed-up and parallel efficiency against P = 1, rounds, bytes per worker per round
+Per model and P: the round loop (``history_["time"][-1]``), the whole fit (``fit``'s wall
+time) and the setup between them (issue 26 part 4: the workers loading their shards), speed-up and parallel efficiency against P = 1, rounds, bytes per worker per round
 (all message kinds), the peak memory of each worker process (the scheduler's samples, every
 0.2 s), the CPU share each worker got while all of them spun at once (at most ``cpu``; less
 on a busy machine), and
 the planner's prediction of the round loop for the same P, the cores the workers got (the
-median CPU share; the nominal ``cpu`` too) and the emulation's engine costs, which are measured on each cluster with `dmp.planning.NullProgram` (tiny and 1 MiB
+median CPU share; the nominal ``cpu`` too) and the emulation's engine costs (a round of no
+work measured at that P; ``pred_line_*``: the a + b P line fitted over all P instead), which are measured on each cluster with `dmp.planning.NullProgram` (tiny and 1 MiB
 partials, ring hops in batches of rounds).  The planner probes each model in this process (unconfined, on
 the in-process backend) before the clusters start.
 
@@ -268,6 +269,13 @@ def main(argv=None) -> int:
         got = float(np.median([v for vs in shares.values() for v in vs]))
         eng, net = calibrated(med_costs, got, got)
         eng_nom, _ = calibrated(med_costs, cpu, cpu)
+        # at a measured P, the engine's cost of a round measured at that P (the a + b P
+        # line of `calibrated` is for other P)
+        at_P = {P: EngineCosts(call_s=0.0, round_s=0.0, worker_call_s=med_costs[P]["null_s"] * got,
+                               message_s=eng.message_s) for P in med_costs}
+        at_P_nom = {P: EngineCosts(call_s=0.0, round_s=0.0,
+                                   worker_call_s=med_costs[P]["null_s"] * cpu,
+                                   message_s=eng_nom.message_s) for P in med_costs}
         rows = []
         for m in models:
             base = None
@@ -275,22 +283,29 @@ def main(argv=None) -> int:
                 runs = measured[(m, P)]
                 med = {k: float(np.median([r[k] for r in runs if r[k] is not None]))
                        if any(r[k] is not None for r in runs) else None for k in runs[0]}
-                pred = predict(probes[(m, P)], P, network=net, engine=eng,
+                pred = predict(probes[(m, P)], P, network=net, engine=at_P[P],
                                cores_per_worker=got, driver_cores=got)
-                nominal = predict(probes[(m, P)], P, network=net, engine=eng_nom,
+                nominal = predict(probes[(m, P)], P, network=net, engine=at_P_nom[P],
                                   cores_per_worker=cpu, driver_cores=cpu)
+                line = predict(probes[(m, P)], P, network=net, engine=eng,
+                               cores_per_worker=got, driver_cores=got)
                 if base is None:
                     base = med
                 rows.append({
                     "model": m, "P": P, **med, "repeats": len(runs),
                     "speedup": base["loop_s"] / med["loop_s"],
                     "efficiency": base["loop_s"] / med["loop_s"] / P,
+                    "setup_s": med["fit_s"] - med["loop_s"],
+                    "setup_ratio": (med["fit_s"] - med["loop_s"])
+                    / (base["fit_s"] - base["loop_s"]),
                     "fit_speedup": base["fit_s"] / med["fit_s"],
                     "fit_efficiency": base["fit_s"] / med["fit_s"] / P,
                     "pred_loop_s": pred["loop_s"], "pred_rounds": pred["rounds"],
                     "pred_split": {k: pred[k] for k in ("compute_s", "driver_s", "comm_s",
                                                         "overhead_s")},
                     "pred_error": pred["loop_s"] / med["loop_s"] - 1.0,
+                    "pred_line_loop_s": line["loop_s"],
+                    "pred_line_error": line["loop_s"] / med["loop_s"] - 1.0,
                     "pred_nominal_loop_s": nominal["loop_s"],
                     "pred_nominal_error": nominal["loop_s"] / med["loop_s"] - 1.0,
                     "pred_bytes_per_worker_round": pred["bytes_per_worker_round"]})
@@ -315,15 +330,16 @@ def main(argv=None) -> int:
 
 
 def markdown(rows) -> str:
-    lines = ["| model | P | round loop s | speed-up | eff. | whole fit s | fit eff. | rounds "
-             "| KiB/worker/round | peak MiB/worker | planner s (error) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | P | round loop s | speed-up | eff. | whole fit s | fit eff. | setup s "
+             "(/ P=1) | rounds | KiB/worker/round | peak MiB/worker | planner s (error) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         mem = (f"{r['peak_memory_per_worker'] / 2**20:.0f}"
                if r["peak_memory_per_worker"] else "?")
         lines.append(
             f"| {r['model']} | {r['P']} | {r['loop_s']:.2f} | {r['speedup']:.2f} | "
             f"{r['efficiency']:.2f} | {r['fit_s']:.1f} | {r['fit_efficiency']:.2f} | "
+            f"{r['setup_s']:.1f} ({r['setup_ratio']:.2f}) | "
             f"{r['rounds']:.0f} | {r['bytes_per_worker_round'] / 1024:,.1f} | {mem} | "
             f"{r['pred_loop_s']:.2f} ({r['pred_error']:+.0%}) |")
     return "\n".join(lines)

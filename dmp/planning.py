@@ -46,7 +46,7 @@ from sklearn.base import clone
 from . import config
 from .engine.backends.dask import collect_transient_bytes, worker_base_bytes
 from .engine.backends.local import LocalBackend
-from .engine.program import Program, Sends
+from .engine.program import Message, Program, Sends
 from .engine.runner import run
 
 __all__ = ["plan", "Network", "parse_network", "EngineCosts", "Probe", "predict",
@@ -671,9 +671,25 @@ def plot_plan(rows, path, *, measured=None, title="dmp plan"):
 
 # --------------------------------------------------------------------------- engine costs
 
+@dataclass(frozen=True)
+class NullPlan(Message):
+    """`NullProgram`'s plan: typed, as every dmp program's (its pickling is part of the
+    engine's cost of a call)."""
+
+    round: int
+
+
+@dataclass(frozen=True)
+class NullPartial(Message):
+    """`NullProgram`'s partial result."""
+
+    values: np.ndarray
+
+
 class NullProgram(Program):
-    """A program of known costs: each push spins ``push_s`` seconds and returns
-    ``partial_bytes`` bytes; each pull spins ``pull_s``; with ``ring_bytes`` each push also
+    """A program of known costs: each plan is a `NullPlan` (16 bytes counted), each push
+    spins ``push_s`` seconds of its thread's CPU and returns a `NullPartial` of
+    ``partial_bytes`` bytes (8 more counted for its type); each pull spins ``pull_s``; with ``ring_bytes`` each push also
     sends that many bytes to the next partition.  `measure_engine` runs it with no work to
     time the engine itself."""
 
@@ -699,14 +715,14 @@ class NullProgram(Program):
         self.driver = {"P": n_partitions}
 
     def schedule(self, round):
-        return [None] * self.driver["P"]
+        return [NullPlan(round)] * self.driver["P"]
 
     def init_partition(self, spec):
         return {"k": spec["k"], "P": spec["P"], "inbox": {}}
 
     def push(self, state, plan):
         _spin(self.push_s)
-        partial = np.zeros(max(self.partial_bytes // 8, 0))
+        partial = NullPartial(np.zeros(max(self.partial_bytes // 8, 0)))
         if self.uses_ring and state["P"] > 1:
             return Sends(partial, {(state["k"] + 1) % state["P"]:
                                    np.zeros(self.ring_bytes // 8)})

@@ -87,14 +87,15 @@ def test_probe_of_a_program_of_known_costs():
     prog = NullProgram(push_s=0.004, partial_bytes=800, ring_bytes=1600, partition_bytes=12345)
     probe = probe_program(prog, 3, max_iter=12, seconds=30.0)
     assert probe.rounds == 12 and probe.rounds_source == "probe"
-    assert probe.driver_bytes == 3 * 800     # plans of None count nothing, no pull result
+    # per partition: a plan (type + round: 16 bytes), a partial (type + 800); no pull result
+    assert probe.driver_bytes == 3 * (16 + 8 + 800)
     assert probe.ring_bytes == 1600 and probe.ring_messages == 1.0
     assert probe.partition_bytes == 12345
     assert 0.0035 <= probe.compute_s < 0.5   # seconds of one core: what it spun
     assert probe.batch_rounds == 1.0
     row = predict(probe, 3, network=Network(1e9, 0.0), engine=EngineCosts(0, 0, 0, 0))
     assert row["compute_s"] == pytest.approx(12 * probe.compute_s)
-    assert row["bytes_per_worker_round"] == pytest.approx(800 + 1600)
+    assert row["bytes_per_worker_round"] == pytest.approx(16 + 8 + 800 + 1600)
 
 
 def test_probe_stops_after_its_time():
