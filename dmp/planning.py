@@ -122,14 +122,15 @@ class EngineCosts:
     round_s : float
         Driver time per call independent of P (the runner's bookkeeping of a call).
 
-    The defaults were measured on a Dask LocalCluster of 1-2 single-threaded worker
-    processes (2-core machine), BENCHMARKS.md "Scaling"; `measure_engine` measures a cluster.
+    The defaults were measured with `NullProgram` on emulated clusters of 1-8 workers of
+    0.18 core each (`dmp.testing.EmulatedCluster`) and turned into seconds of one core
+    (BENCHMARKS.md, "Scaling on an emulated cluster"); `measure_engine` measures a cluster.
     """
 
-    call_s: float = 0.6e-3
-    worker_call_s: float = 0.8e-3
-    message_s: float = 0.3e-3
-    round_s: float = 0.5e-3
+    call_s: float = 0.7e-3
+    worker_call_s: float = 1.3e-3
+    message_s: float = 1.3e-3
+    round_s: float = 0.0
 
 
 # --------------------------------------------------------------------------- probes
