@@ -9,17 +9,18 @@ Run from the repository root as root (CPU cgroups), with the project's environme
 
 Each P gets one `dmp.testing.EmulatedCluster` (P workers of ``--cpu`` cores each; driver and
 scheduler ``--cpu`` each: 8 x 0.2 + 0.4 = 2.0 cores, this machine's), on which every model
-is fitted on a store written beforehand (so setup is the workers loading their shards).
-Per model and P: the round loop (``history_["time"][-1]``), the whole fit (``fit``'s wall
-time) and the setup between them (issue 26 part 4: the workers loading their shards), speed-up and parallel efficiency against P = 1, rounds, bytes per worker per round
-(all message kinds), the peak memory of each worker process (the scheduler's samples, every
-0.2 s), the CPU share each worker got while all of them spun at once (at most ``cpu``; less
-on a busy machine), and
-the planner's prediction of the round loop for the same P, the cores the workers got (the
-median CPU share; the nominal ``cpu`` too) and the emulation's engine costs (a round of no
-work measured at that P; ``pred_line_*``: the a + b P line fitted over all P instead), which are measured on each cluster with `dmp.planning.NullProgram` (tiny and 1 MiB
-partials, ring hops in batches of rounds).  The planner probes each model in this process (unconfined, on
-the in-process backend) before the clusters start.
+is fitted on a store written beforehand (so setup is the workers loading their shards). Per
+model and P: the round loop (``history_["time"][-1]``), the whole fit (``fit``'s wall time)
+and the setup between them (issue 26 part 4: the workers loading their shards), speed-up and
+parallel efficiency against P = 1, rounds, bytes per worker per round (all message kinds),
+the peak memory of each worker process (the scheduler's samples, every 0.2 s), the CPU share
+each worker got while all of them spun at once (at most ``cpu``; less on a busy machine),
+and the planner's prediction of the round loop for the same P, the cores the workers got
+(the median CPU share; the nominal ``cpu`` too) and the emulation's engine costs (a round of
+no work measured at that P; ``pred_line_*``: the a + b P line fitted over all P instead),
+which are measured on each cluster with `dmp.planning.NullProgram` (tiny and 1 MiB partials,
+ring hops in batches of rounds). The planner probes each model in this process (unconfined,
+on the in-process backend) before the clusters start.
 
 The problems are much smaller than issue 26's (>= 10M LDA tokens, >= 200k ParMAC points):
 the whole benchmark must run in minutes on a shared 2-core machine.  Sizes (``--quick`` in
@@ -29,8 +30,8 @@ brackets):
   = 0.01 alpha_max, tol 1e-5 [n = 2,000, p = 20,000];
 * ``lda100`` / ``lda1000``: `make_lda_corpus` 10,000 documents x 200 tokens (2M tokens),
   10,000 words, K = 100 / 1000, 5 sweeps [2,000 documents, 400k tokens, 3 sweeps];
-* ``mf_ccd`` / ``mf_ccdpp``: `make_ratings` 5,000 x 2,000, 200k ratings, rank 200, 3 / 2
-  iterations [2,000 x 1,000, 50k ratings];
+* ``mf_ccd`` / ``mf_ccdpp``: `make_ratings` 5,000 x 2,000, 200k ratings (90% train), rank
+  200, 3 / 2 iterations [2,000 x 1,000, 50k ratings];
 * ``parmac``: `BinaryAutoencoder` 32 bits on `make_hashing_mixture` 10,000 x 64, 2
   iterations [5,000 points];
 * ``sgd``: `SparsifiedSGDRegressor` (ISEGA) on a sparse 5,000 x 2,000 design (density 1e-2),

@@ -558,7 +558,14 @@ def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10G
     probe_estimator(estimator, X, y, n_partitions=probed[0], seconds=min(1.0, probe_seconds))
     probes = {}
     for P in probed:
-        probes[P] = probe_estimator(estimator, X, y, n_partitions=P, seconds=probe_seconds)
+        try:
+            probes[P] = probe_estimator(estimator, X, y, n_partitions=P, seconds=probe_seconds)
+        except ValueError:
+            # the data cannot be split over P partitions (too few shards or rows): larger P
+            # are predicted from the probes that ran
+            if not probes:
+                raise
+            break
     rows = []
     for P in Ps:
         if P in probes:
@@ -690,9 +697,9 @@ class NullPartial(Message):
 class NullProgram(Program):
     """A program of known costs: each plan is a `NullPlan` (16 bytes counted), each push
     spins ``push_s`` seconds of its thread's CPU and returns a `NullPartial` of
-    ``partial_bytes`` bytes (8 more counted for its type); each pull spins ``pull_s``; with ``ring_bytes`` each push also
-    sends that many bytes to the next partition.  `measure_engine` runs it with no work to
-    time the engine itself."""
+    ``partial_bytes`` bytes (8 more counted for its type); each pull spins ``pull_s``; with
+    ``ring_bytes`` each push also sends that many bytes to the next partition.
+    `measure_engine` runs it with no work to time the engine itself."""
 
     name = "null"
     gather_partitions = False

@@ -203,3 +203,15 @@ def test_cli_plan_of_a_pipeline(tmp_path, capsys, lasso_problem):
     assert "tiny: Lasso on" in out and "loop s" in out
     assert len([line for line in out.splitlines() if line.strip()[:1].isdigit()]) == 1
     assert np.isfinite([r["loop_s"] for r in rows]).all()
+
+
+def test_plan_probes_what_the_store_allows(tmp_path, lasso_problem):
+    """A store of 2 shards holds at most 2 partitions: larger P are predicted from the
+    probes that could run, and the rows say so."""
+    X, y = lasso_problem
+    ds = write_sparse(tmp_path / "two.zarr", X, y, n_shards=2)
+    rows = dmp.plan(Lasso(alpha=0.01, tol=1e-5, random_state=0), ds, workers=[1, 2, 4],
+                    probe_max=4, probe_seconds=0.2, as_frame=False)
+    assert [r["source"].split(",")[0] for r in rows] == [
+        "probe at P=1", "probe at P=2", "extrapolated from P=2"]
+    assert rows[2]["loop_s"] > 0 and rows[2]["memory_per_worker"] > 0
