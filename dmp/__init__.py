@@ -23,3 +23,12 @@ _set_monitor_registrar(_register_monitor)
 # objects; a process that imported dmp (drivers and Dask workers alike) skips it and exits at
 # once.  Nothing of dmp's relies on a cyclic object being finalised at exit.
 _atexit.register(_gc.freeze)
+
+
+def __getattr__(name):
+    # `dmp.plan` (dmp.planning) imports the estimators' base and the engine: only when used
+    if name == "plan":
+        from .planning import plan
+
+        return plan
+    raise AttributeError(f"module 'dmp' has no attribute {name!r}")

@@ -453,7 +453,115 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("path")
     i.add_argument("--validate", action="store_true", help="read and check every shard")
     i.set_defaults(func=_cmd_data_info)
+    _add_plan_parser(sub)
     return p
+
+
+def _workers_list(text: str) -> list[int]:
+    """``"1,2,4,...,1024"`` -> [1, 2, 4, ..., 1024]: ``...`` continues the two numbers
+    before it up to the one after it, by their ratio when the second is a multiple of the
+    first, else by their step (``"2,5,...,11"``)."""
+    parts = [p.strip() for p in text.split(",")]
+    bad = argparse.ArgumentTypeError(
+        f"workers must be whole numbers >= 1 separated by commas, e.g. 1,2,4,...,1024; got "
+        f"{text!r}")
+    out: list[int] = []
+    for i, part in enumerate(parts):
+        if part in ("...", "…"):
+            if len(out) < 2 or i + 1 >= len(parts) or not parts[i + 1].isdigit():
+                raise bad
+            a, b, end = out[-2], out[-1], int(parts[i + 1])
+            nxt = (lambda v: v * (b // a)) if a and b % a == 0 and b // a > 1 \
+                else (lambda v: v + (b - a))
+            if b <= a or end <= b:
+                raise bad
+            v = nxt(b)
+            while v < end:
+                out.append(v)
+                v = nxt(v)
+            continue
+        if not part.isdigit() or int(part) < 1:
+            raise bad
+        out.append(int(part))
+    return sorted(set(out))
+
+
+def _local_alpha_max(ds, fit_intercept) -> float:
+    """``||X~^T y~||_inf / n`` of a store, read here shard by shard (`dmp plan` has no
+    cluster)."""
+    from .pipeline import _shard_max_corr
+
+    y = ds.load_y()
+    ytil = y - y.mean() if fit_intercept else y
+    return max(_shard_max_corr(ds, k, ytil) for k in range(ds.n_shards)) / ds.n_samples
+
+
+def _cmd_plan(args) -> int:
+    import json
+
+    from .pipeline import _check_store_kind, _open_data, load_pipeline
+    from .planning import parse_network, plan, plot_plan, table_text
+
+    network = parse_network(args.network)      # a bad string fails before any work
+    spec = load_pipeline(args.pipeline)
+    ds = _open_data(spec)
+    cls = spec.estimator.cls
+    _check_store_kind(spec, ds, cls)
+    params = dict(spec.estimator.params)
+    ratio = params.pop("alpha_ratio", None)
+    if ratio is not None:
+        params["alpha"] = float(ratio) * _local_alpha_max(ds, params.get("fit_intercept", True))
+    if spec.compare is not None:   # a pipeline that compares settings: plan the first
+        params[spec.compare.key] = spec.compare.values[0]
+    rows = plan(cls(**params), ds, workers=args.workers, network=network,
+                cores_per_worker=args.cores_per_worker, driver_cores=args.driver_cores,
+                memory_per_worker=args.memory_per_worker, probe_max=args.probe_max,
+                probe_seconds=args.probe_seconds, as_frame=False)
+    if args.png:
+        plot_plan(rows, args.png, title=f"dmp plan {spec.name} ({network})")
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    else:
+        print(f"{spec.name}: {cls.__name__} on {ds}; network {network}, "
+              f"{args.cores_per_worker:g} core(s) per worker, {args.driver_cores:g} for the "
+              f"driver (seconds: round loop and its split over the rounds)")
+        print(table_text(rows))
+    return 0
+
+
+def _positive_float(what: str):
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = float("nan")
+        if not v > 0 or v == float("inf"):
+            raise argparse.ArgumentTypeError(f"{what} must be a number > 0, got {text!r}")
+        return v
+    return parse
+
+
+def _add_plan_parser(sub) -> None:
+    pl = sub.add_parser("plan", help="predict a pipeline's fit on P workers from a short "
+                                     "probe (time per round, split, memory per worker)")
+    pl.add_argument("pipeline", help="pipeline YAML file, e.g. pipelines/lda.yaml")
+    pl.add_argument("--workers", type=_workers_list, default=_workers_list("1,2,4,...,64"),
+                    help="numbers of workers, e.g. 1,2,4,...,1024 (default 1,2,4,...,64)")
+    pl.add_argument("--network", default="10Gbit,50us",
+                    help="each link's bandwidth and latency (default 10Gbit,50us)")
+    pl.add_argument("--cores-per-worker", type=_positive_float("--cores-per-worker"),
+                    default=1.0, help="cores of each worker (default 1)")
+    pl.add_argument("--driver-cores", type=_positive_float("--driver-cores"), default=1.0,
+                    help="cores of the driver (default 1)")
+    pl.add_argument("--memory-per-worker", default="4GiB",
+                    help="each worker's memory limit (default 4GiB)")
+    pl.add_argument("--probe-max", type=_int_at_least(1), default=8,
+                    help="probe every P up to this one, predict larger ones (default 8)")
+    pl.add_argument("--probe-seconds", type=_positive_float("--probe-seconds"), default=5.0,
+                    help="about how long each probe runs (default 5)")
+    pl.add_argument("--json", action="store_true", help="print the table as JSON")
+    pl.add_argument("--png", metavar="FILE", help="write the predicted speed-up to FILE")
+    pl.set_defaults(func=_cmd_plan)
 
 
 def _one_line(exc) -> str:

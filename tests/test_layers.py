@@ -31,7 +31,7 @@ LAYERS = (
     ("dmp.decomposition", "dmp.hashing"),
     ("dmp.reports",),                           # what a pipeline run reports, per estimator
     ("dmp.utils.estimator_checks",),            # conformance checks run on any estimator
-    ("dmp.pipeline", "dmp.testing"),
+    ("dmp.pipeline", "dmp.testing", "dmp.planning"),  # planning: `dmp.plan`
     ("dmp.k8s",),
     ("dmp.cli", "dmp._run_worker"),
     ("dmp",),                                   # dmp/__init__.py: wires the monitor into

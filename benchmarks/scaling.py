@@ -1,0 +1,377 @@
+#!/usr/bin/env python
+"""Strong scaling of every dmp model on an emulated cluster, beside `dmp.plan`'s prediction.
+
+Run from the repository root as root (CPU cgroups), with the project's environment::
+
+    python benchmarks/scaling.py                      # P = 1, 2, 4, 8 at cpu = 0.2
+    python benchmarks/scaling.py --quick              # smaller problems, P = 1, 2, 4
+    python benchmarks/scaling.py --models lda100,mf_ccd --repeats 2
+
+Each P gets one `dmp.testing.EmulatedCluster` (P workers of ``--cpu`` cores each; driver and
+scheduler ``--cpu`` each: 8 x 0.2 + 0.4 = 2.0 cores, this machine's), on which every model
+is fitted on a store written beforehand (so setup is the workers loading their shards). Per
+model and P: the round loop (``history_["time"][-1]``), the whole fit (``fit``'s wall time)
+and the setup between them (issue 26 part 4: the workers loading their shards), speed-up and
+parallel efficiency against P = 1, rounds, bytes per worker per round (all message kinds),
+the peak memory of each worker process (the scheduler's samples, every 0.2 s), the CPU share
+each worker got while all of them spun at once (at most ``cpu``; less on a busy machine),
+and the planner's prediction of the round loop for the same P, the cores the workers got
+(the median CPU share; the nominal ``cpu`` too) and the emulation's engine costs (a round of
+no work measured at that P; ``pred_line_*``: the a + b P line fitted over all P instead),
+which are measured on each cluster with `dmp.planning.NullProgram` (tiny and 1 MiB partials,
+ring hops in batches of rounds). The planner probes each model in this process (unconfined,
+on the in-process backend) before the clusters start.
+
+The problems are much smaller than issue 26's (>= 10M LDA tokens, >= 200k ParMAC points):
+the whole benchmark must run in minutes on a shared 2-core machine.  Sizes (``--quick`` in
+brackets):
+
+* ``lasso``: `make_sparse_lasso` n = 5,000, p = 50,000, density 2e-3 (500k nonzeros), alpha
+  = 0.01 alpha_max, tol 1e-5 [n = 2,000, p = 20,000];
+* ``lda100`` / ``lda1000``: `make_lda_corpus` 10,000 documents x 200 tokens (2M tokens),
+  10,000 words, K = 100 / 1000, 5 sweeps [2,000 documents, 400k tokens, 3 sweeps];
+* ``mf_ccd`` / ``mf_ccdpp``: `make_ratings` 5,000 x 2,000, 200k ratings (90% train), rank
+  200, 3 / 2 iterations [2,000 x 1,000, 50k ratings];
+* ``parmac``: `BinaryAutoencoder` 32 bits on `make_hashing_mixture` 10,000 x 64, 2
+  iterations [5,000 points];
+* ``sgd``: `SparsifiedSGDRegressor` (ISEGA) on a sparse 5,000 x 2,000 design (density 1e-2),
+  100 iterations [2,000 rows].
+
+Writes ``benchmarks/results/scaling.json`` (``--out``) and ``scaling.png`` (speed-up against
+P, measured and predicted, with the ideal line) and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dmp.decomposition import LatentDirichletAllocation, MatrixFactorization  # noqa: E402
+from dmp.hashing import BinaryAutoencoder  # noqa: E402
+from dmp.io import (open_dataset, write_dense, write_ratings, write_sparse,  # noqa: E402
+                    write_sparse_rows)
+from dmp.io.synthetic import (make_hashing_mixture, make_lda_corpus, make_ratings,  # noqa: E402
+                              make_sparse_lasso)
+from dmp.linear_model import Lasso, SparsifiedSGDRegressor  # noqa: E402
+from dmp.planning import (EngineCosts, Network, predict, probe_estimator,  # noqa: E402
+                          measure_engine)
+from dmp.testing import EmulatedCluster, emulation_unavailable  # noqa: E402
+
+MODELS = ("lasso", "lda100", "lda1000", "mf_ccd", "mf_ccdpp", "parmac", "sgd")
+
+
+def build(model: str, folder: Path, quick: bool, n_shards: int):
+    """``(estimator, opened store)`` of one model's problem, written under ``folder``."""
+    path = folder / f"{model}.zarr"
+    if model == "lasso":
+        n, p = (2000, 20000) if quick else (5000, 50000)
+        X, y, *_ = make_sparse_lasso(n, p, 2e-3, seed=0)
+        ds = write_sparse(path, X, y, n_shards=n_shards)
+        yt = y - y.mean()
+        alpha = 0.01 * float(np.abs(X.T @ yt).max()) / n
+        return Lasso(alpha=alpha, tol=1e-5, random_state=0), ds
+    if model.startswith("lda"):
+        docs, sweeps = (2000, 3) if quick else (10000, 5)
+        X = make_lda_corpus(docs, 10000, 100, 200, seed=2)[0]
+        ds = (open_dataset(str(folder / "lda100.zarr")) if model == "lda1000"
+              and (folder / "lda100.zarr").exists()
+              else write_sparse_rows(path, X, np.zeros(X.shape[0]), n_shards=n_shards))
+        return LatentDirichletAllocation(int(model[3:]), max_iter=sweeps, random_state=0), ds
+    if model.startswith("mf"):
+        nu, ni, nobs = (2000, 1000, 50_000) if quick else (5000, 2000, 200_000)
+        (u, i, r), *_ = make_ratings(nu, ni, nobs, rank=20, seed=3)
+        other = folder / ("mf_ccd.zarr" if model == "mf_ccdpp" else "mf_ccdpp.zarr")
+        ds = (open_dataset(str(other)) if other.exists()
+              else write_ratings(path, u, i, r, shape=(nu, ni)))
+        method = "ccd" if model == "mf_ccd" else "ccd++"
+        return MatrixFactorization(200, method=method, max_iter=3 if method == "ccd" else 2,
+                                   random_state=0), ds
+    if model == "parmac":
+        X, _ = make_hashing_mixture(5000 if quick else 10000, 64, seed=4)
+        ds = write_dense(path, X, n_shards=n_shards)
+        return BinaryAutoencoder(32, max_iter=2, random_state=0), ds
+    if model == "sgd":
+        n = 2000 if quick else 5000
+        rng = np.random.default_rng(0)
+        X = sp.random(n, 2000, density=1e-2, format="csr", random_state=0,
+                      data_rvs=rng.standard_normal)
+        y = np.asarray(X @ rng.standard_normal(2000)).ravel() + rng.standard_normal(n)
+        ds = write_sparse_rows(path, X, y, n_shards=n_shards)
+        return SparsifiedSGDRegressor(max_iter=100, tol=None, random_state=0), ds
+    raise ValueError(f"unknown model {model!r}; choose from {', '.join(MODELS)}")
+
+
+def round_history(est) -> dict:
+    # the binary autoencoder's history_ is per MAC iteration; its rounds are apart
+    return getattr(est, "round_history_", None) or est.history_
+
+
+class MemoryWatch:
+    """The peak memory of each worker while a fit runs (the scheduler's samples)."""
+
+    def __init__(self, client, every: float = 0.2):
+        self.client, self.every = client, every
+        self.peak: dict = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            try:
+                for w in self.client.scheduler_info(n_workers=-1)["workers"].values():
+                    m = int((w.get("metrics") or {}).get("memory") or 0)
+                    self.peak[w["name"]] = max(self.peak.get(w["name"], 0), m)
+            except Exception:  # noqa: BLE001 - a sample missed
+                pass
+            self._stop.wait(self.every)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def engine_costs(client, P: int) -> dict:
+    """The emulation's round cost with no work: tiny partials, 1 MiB partials, ring
+    messages (P >= 2)."""
+    out = {"null_s": measure_engine(client, rounds=40)["round_s"],
+           "big_s": measure_engine(client, rounds=20, partial_bytes=2**20)["round_s"]}
+    if P > 1:
+        out["ring_s"] = measure_engine(client, rounds=30, ring_bytes=8)["round_s"]
+        out["hop_s"] = measure_engine(client, rounds=400, ring_bytes=8, batched=True)["round_s"]
+    return out
+
+
+def busy_share(client, seconds: float = 1.0) -> float:
+    """The CPU share each worker gets while all of them spin at once (at most ``cpu``;
+    less when the machine is busy): the cores a compute-bound round really has."""
+    from dmp.testing import spin
+
+    addrs = list(client.scheduler_info(n_workers=-1)["workers"])
+    futs = [client.submit(spin, seconds, workers=[a], pure=False) for a in addrs]
+    return float(np.median([cpu / wall for cpu, wall in client.gather(futs)]))
+
+
+def fit_on(est, ds, client, P: int) -> dict:
+    est = est.set_params(backend=client, n_workers=P)
+    with MemoryWatch(client) as mem, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t0 = time.perf_counter()
+        est.fit(ds)
+        wall = time.perf_counter() - t0
+    h = round_history(est)
+    rounds = len(h["round"])
+    nbytes = (np.sum(h["bytes_schedule"]) + np.sum(h["bytes_push"]) + np.sum(h["bytes_pull"])
+              + np.sum(h["bytes_ring"]))
+    return {"loop_s": float(h["time"][-1]), "fit_s": wall, "rounds": rounds,
+            "bytes_per_worker_round": float(nbytes / rounds / P),
+            "peak_memory_per_worker": int(max(mem.peak.values())) if mem.peak else None}
+
+
+def calibrated(costs: dict, cpu: float, driver_cpu: float):
+    """`EngineCosts` and `Network` of the emulation from the null rounds at every P: the
+    fixed cost as a + b P (b: the driver's, per call; a: the workers'), the byte cost from
+    the 1 MiB partials (P MiB through the driver a round), the message cost from the ring
+    rounds; in seconds of one core where the planner divides by the cores."""
+    Ps = np.array(sorted(costs), dtype=float)
+    null = np.array([costs[int(P)]["null_s"] for P in Ps])
+    b, a = np.polyfit(Ps, null, 1) if len(Ps) > 1 else (0.0, null[0])
+    b, a = max(b, 0.0), max(a, 0.0)
+    per_byte = np.median([max(costs[int(P)]["big_s"] - costs[int(P)]["null_s"], 1e-9)
+                          / (P * 2**20) for P in Ps])
+    # a ring hop inside a batch of rounds (the rounds of a batch are a chain of hops)
+    hops = [costs[int(P)]["hop_s"] for P in Ps if P > 1]
+    message = float(np.median(hops)) if hops else 0.0
+    eng = EngineCosts(call_s=b * driver_cpu, worker_call_s=a * cpu, message_s=message * cpu,
+                      round_s=0.0)
+    return eng, Network(bandwidth=1.0 / per_byte, latency=0.0)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--workers", default=None, help="comma-separated P (default 1,2,4,8)")
+    ap.add_argument("--cpu", type=float, default=0.2)
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--probe-seconds", type=float, default=60.0,
+                    help="planner probe per model and P (long: probes then run whole fits)")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scaling.json"))
+    args = ap.parse_args(argv)
+    why = emulation_unavailable()
+    if why:
+        print(f"cannot emulate a cluster here: {why}", file=sys.stderr)
+        return 2
+    Ps = [int(p) for p in (args.workers or ("1,2,4" if args.quick else "1,2,4,8")).split(",")]
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    cpu = args.cpu
+    t_start = time.perf_counter()
+    tmp = Path(tempfile.mkdtemp(prefix="dmp-scaling-"))
+    try:
+        problems = {}
+        for m in models:
+            t0 = time.perf_counter()
+            problems[m] = build(m, tmp, args.quick, n_shards=max(Ps))
+            print(f"built {m}: {problems[m][1]} ({time.perf_counter() - t0:.1f} s)", flush=True)
+        # the planner's probes, in this process (before any cgroup confines it)
+        probes = {}
+        for m in models:
+            est, ds = problems[m]
+            probe_estimator(est, ds, n_partitions=1, seconds=1.0)   # compile, warm caches
+            for P in Ps:
+                pr = probe_estimator(est, ds, n_partitions=P, seconds=args.probe_seconds)
+                probes[(m, P)] = pr
+                print(f"probe {m} P={P}: {pr.probed_rounds} rounds in {pr.probe_s:.1f} s "
+                      f"({pr.rounds_source})", flush=True)
+        measured: dict = {}
+        costs: dict = {}
+        shares: dict = {}
+        for rep in range(args.repeats):
+            order = Ps if rep % 2 == 0 else Ps[::-1]
+            for P in order:
+                with EmulatedCluster(n_workers=P, cpu=cpu, memory_limit="2GiB",
+                                     driver_cpu=cpu, scheduler_cpu=cpu) as cluster:
+                    client = cluster.client
+                    shares.setdefault(P, []).append(busy_share(client))
+                    c = engine_costs(client, P)
+                    costs.setdefault(P, []).append(c)
+                    print(f"P={P} rep {rep}: cpu share {shares[P][-1]:.3f}, null round "
+                          f"{c['null_s'] * 1e3:.1f} ms", flush=True)
+                    mods = models if rep % 2 == 0 else models[::-1]
+                    for m in mods:
+                        est, ds = problems[m]
+                        r = fit_on(est, ds, client, P)
+                        measured.setdefault((m, P), []).append(r)
+                        print(f"  {m:9s} P={P}: loop {r['loop_s']:.2f} s, fit "
+                              f"{r['fit_s']:.2f} s, {r['rounds']} rounds", flush=True)
+        med_costs = {P: {k: float(np.median([c[k] for c in costs[P]])) for k in costs[P][0]}
+                     for P in costs}
+        # the planner is given the cores the workers got (a spinning worker's CPU share,
+        # at most cpu) and, for comparison, the nominal cpu
+        got = float(np.median([v for vs in shares.values() for v in vs]))
+        eng, net = calibrated(med_costs, got, got)
+        eng_nom, _ = calibrated(med_costs, cpu, cpu)
+        # at a measured P, the engine's cost of a round measured at that P (the a + b P
+        # line of `calibrated` is for other P)
+        at_P = {P: EngineCosts(call_s=0.0, round_s=0.0, worker_call_s=med_costs[P]["null_s"] * got,
+                               message_s=eng.message_s) for P in med_costs}
+        at_P_nom = {P: EngineCosts(call_s=0.0, round_s=0.0,
+                                   worker_call_s=med_costs[P]["null_s"] * cpu,
+                                   message_s=eng_nom.message_s) for P in med_costs}
+        rows = []
+        for m in models:
+            base = None
+            for P in Ps:
+                runs = measured[(m, P)]
+                med = {k: float(np.median([r[k] for r in runs if r[k] is not None]))
+                       if any(r[k] is not None for r in runs) else None for k in runs[0]}
+                pred = predict(probes[(m, P)], P, network=net, engine=at_P[P],
+                               cores_per_worker=got, driver_cores=got)
+                nominal = predict(probes[(m, P)], P, network=net, engine=at_P_nom[P],
+                                  cores_per_worker=cpu, driver_cores=cpu)
+                line = predict(probes[(m, P)], P, network=net, engine=eng,
+                               cores_per_worker=got, driver_cores=got)
+                if base is None:
+                    base = med
+                rows.append({
+                    "model": m, "P": P, **med, "repeats": len(runs),
+                    "speedup": base["loop_s"] / med["loop_s"],
+                    "efficiency": base["loop_s"] / med["loop_s"] / P,
+                    "setup_s": med["fit_s"] - med["loop_s"],
+                    "setup_ratio": (med["fit_s"] - med["loop_s"])
+                    / (base["fit_s"] - base["loop_s"]),
+                    "fit_speedup": base["fit_s"] / med["fit_s"],
+                    "fit_efficiency": base["fit_s"] / med["fit_s"] / P,
+                    "pred_loop_s": pred["loop_s"], "pred_rounds": pred["rounds"],
+                    "pred_split": {k: pred[k] for k in ("compute_s", "driver_s", "comm_s",
+                                                        "overhead_s")},
+                    "pred_error": pred["loop_s"] / med["loop_s"] - 1.0,
+                    "pred_line_loop_s": line["loop_s"],
+                    "pred_line_error": line["loop_s"] / med["loop_s"] - 1.0,
+                    "pred_nominal_loop_s": nominal["loop_s"],
+                    "pred_nominal_error": nominal["loop_s"] / med["loop_s"] - 1.0,
+                    "pred_bytes_per_worker_round": pred["bytes_per_worker_round"]})
+        result = {
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.processor()}",
+            "command": "python benchmarks/scaling.py " + " ".join(argv or sys.argv[1:]),
+            "cpu": cpu, "cores_given_to_planner": got, "workers": Ps, "quick": args.quick,
+            "cpu_share": {str(P): v for P, v in shares.items()},
+            "engine": {"null_rounds": {str(P): v for P, v in med_costs.items()},
+                       "calibrated": eng.__dict__, "network_bytes_per_s": net.bandwidth},
+            "rows": rows, "total_s": time.perf_counter() - t_start}
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1, default=float))
+        plot(rows, Ps, out.with_suffix(".png"), cpu)
+        print(markdown(rows))
+        print(f"wrote {out} and {out.with_suffix('.png')} ({result['total_s']:.0f} s)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def markdown(rows) -> str:
+    lines = ["| model | P | round loop s | speed-up | eff. | whole fit s | fit eff. | setup s "
+             "(/ P=1) | rounds | KiB/worker/round | peak MiB/worker | planner s (error) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mem = (f"{r['peak_memory_per_worker'] / 2**20:.0f}"
+               if r["peak_memory_per_worker"] else "?")
+        lines.append(
+            f"| {r['model']} | {r['P']} | {r['loop_s']:.2f} | {r['speedup']:.2f} | "
+            f"{r['efficiency']:.2f} | {r['fit_s']:.1f} | {r['fit_efficiency']:.2f} | "
+            f"{r['setup_s']:.1f} ({r['setup_ratio']:.2f}) | "
+            f"{r['rounds']:.0f} | {r['bytes_per_worker_round'] / 1024:,.1f} | {mem} | "
+            f"{r['pred_loop_s']:.2f} ({r['pred_error']:+.0%}) |")
+    return "\n".join(lines)
+
+
+def plot(rows, Ps, path, cpu):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, ax = plt.subplots(figsize=(6.5, 5))
+    ax.plot(Ps, Ps, "k--", lw=1, label="ideal")
+    for j, m in enumerate(models):
+        rs = [r for r in rows if r["model"] == m]
+        color = f"C{j}"
+        ax.plot([r["P"] for r in rs], [r["speedup"] for r in rs], "o-", color=color, label=m)
+        base = rs[0]["pred_loop_s"]
+        ax.plot([r["P"] for r in rs], [base / r["pred_loop_s"] for r in rs], ":", color=color)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.set_xticks(Ps, [str(p) for p in Ps])
+    ax.set_xlabel("workers P (emulated, %g core each)" % cpu)
+    ax.set_ylabel("round-loop speed-up against P = 1")
+    ax.set_title("dmp strong scaling (solid: measured, dotted: dmp.plan)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

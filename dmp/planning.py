@@ -1,0 +1,787 @@
+"""`plan`: what a fit would do on P workers, predicted from a short probe of the real fit.
+
+The planner runs the estimator's own fit (`dmp.base.DMPEstimator`, the path every model
+shares) on the in-process backend at each probed number of partitions, for a few seconds
+each, and reads what the engine records of every round (``history_``): the seconds each
+partition pushed (the kernels' cost, on one core), the driver's share of the round (the
+rest of its wall time: schedule, pull, metrics and bookkeeping), the bytes of every kind of
+message, and the rounds each call of the Dask backend would batch (`Program.batch_rounds`).
+How many rounds the fit takes against P comes from the algorithm itself: the estimator's
+round budget at P (its ``max_iter`` in rounds: LDA's P sub-rounds a sweep, ParMAC's
+``e P + P`` hops an iteration, MF's rounds an iteration) and, where the stopping rule ends
+the fit sooner (the Lasso's duality gap, whose block-Jacobi rounds grow with P), the rounds
+the probe took to stop.  Memory per worker is the program's own estimate of a partition
+(`Program.partition_nbytes`) plus the worker's fixed cost, checked as the Dask backend
+checks it before a fit.
+
+A round on P workers is predicted as::
+
+    compute  = slowest partition's push / min(cores_per_worker, 1)
+    driver   = driver's share / min(driver_cores, 1)
+    comm     = (driver bytes / bandwidth + 2 latency) / rounds per call
+               + ring bytes per worker / bandwidth + ring messages x latency
+    overhead = (P call_s / min(driver_cores, 1) + worker_call_s / min(cores_per_worker, 1))
+               / rounds per call + ring messages x message_s / min(cores_per_worker, 1)
+
+and the round loop as rounds x (compute + driver + comm + overhead).  The kernels run on one
+thread, so more than one core per worker does not make them faster.  ``call_s``,
+``worker_call_s`` and ``message_s`` are the engine's own costs of an actor call and a ring
+message (`EngineCosts`; `measure_engine` measures them on a cluster).  Beyond the largest
+probed P the per-iteration quantities are extrapolated from the probes (and the row says
+so).  Not modelled: rounds overlapping with ``staleness`` (LDA, CCD++), the scheduler, and
+a network shared by more than the driver's link.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+from sklearn.base import clone
+
+from . import config
+from .engine.backends.dask import collect_transient_bytes, worker_base_bytes
+from .engine.backends.local import LocalBackend
+from .engine.program import Message, Program, Sends
+from .engine.runner import run
+
+__all__ = ["plan", "Network", "parse_network", "EngineCosts", "Probe", "predict",
+           "probe_program", "probe_estimator", "measure_engine", "NullProgram", "table_text",
+           "plot_plan"]
+
+
+# --------------------------------------------------------------------------- the network
+
+_BANDWIDTH_UNITS = {  # bits per second
+    "bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
+    "b": 8, "kb": 8e3, "mb": 8e6, "gb": 8e9, "tb": 8e12,
+    "kib": 8 * 2**10, "mib": 8 * 2**20, "gib": 8 * 2**30,
+}
+_LATENCY_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+_NUMBER = r"(\d+(?:\.\d*)?(?:e[+-]?\d+)?|\.\d+(?:e[+-]?\d+)?)"
+
+
+@dataclass(frozen=True)
+class Network:
+    """A network link: ``bandwidth`` in bytes per second, one-way ``latency`` in seconds."""
+
+    bandwidth: float
+    latency: float
+
+    def __str__(self):
+        return f"{self.bandwidth * 8 / 1e9:g}Gbit/s, {self.latency * 1e6:g}us"
+
+
+def parse_network(text) -> Network:
+    """``"10Gbit,50us"`` -> `Network` (a `Network` is returned as it is).
+
+    The bandwidth takes ``bit``, ``Kbit``, ``Mbit``, ``Gbit``, ``Tbit`` (bits per second)
+    or ``B``, ``KB``, ``MB``, ``GB``, ``MiB``, ``GiB`` (bytes per second), with an optional
+    ``/s``; the latency ``s``, ``ms``, ``us`` or ``ns``.
+    """
+    if isinstance(text, Network):
+        return text
+    form = "a bandwidth and a latency such as '10Gbit,50us' or '1GB/s,0.1ms'"
+    if not isinstance(text, str) or text.count(",") != 1:
+        raise ValueError(f"network must be {form}, got {text!r}")
+    bw_text, lat_text = (part.strip().lower().replace(" ", "") for part in text.split(","))
+    m = re.fullmatch(_NUMBER + r"([a-z]+)(?:/s|ps)?", bw_text)
+    if m is None or m.group(2) not in _BANDWIDTH_UNITS:
+        raise ValueError(f"network {text!r}: cannot read the bandwidth {bw_text!r} (units: "
+                         f"bit, Kbit, Mbit, Gbit, Tbit, B, KB, MB, GB, MiB, GiB per second); "
+                         f"network must be {form}")
+    bandwidth = float(m.group(1)) * _BANDWIDTH_UNITS[m.group(2)] / 8
+    m = re.fullmatch(_NUMBER + r"(s|ms|us|µs|ns)", lat_text)
+    if m is None:
+        raise ValueError(f"network {text!r}: cannot read the latency {lat_text!r} (units: s, "
+                         f"ms, us, ns); network must be {form}")
+    latency = float(m.group(1)) * _LATENCY_UNITS[m.group(2)]
+    if not bandwidth > 0 or not math.isfinite(bandwidth):
+        raise ValueError(f"network {text!r}: the bandwidth must be > 0")
+    return Network(bandwidth=bandwidth, latency=latency)
+
+
+@dataclass(frozen=True)
+class EngineCosts:
+    """The engine's fixed costs on a cluster, in seconds of one core.
+
+    Attributes
+    ----------
+    call_s : float
+        Driver time per actor call of a round (one per partition: sending the plan,
+        receiving the partial).
+    worker_call_s : float
+        Worker time per call (its event loop, the call's bookkeeping), which the workers
+        pay in parallel.
+    message_s : float
+        Worker time per ring message (both ends).
+    round_s : float
+        Driver time per call independent of P (the runner's bookkeeping of a call).
+
+    The defaults were measured with `NullProgram` on emulated clusters of 1-8 workers of
+    0.18 core each (`dmp.testing.EmulatedCluster`) and turned into seconds of one core
+    (BENCHMARKS.md, "Scaling on an emulated cluster"); `measure_engine` measures a cluster.
+    """
+
+    call_s: float = 0.7e-3
+    worker_call_s: float = 1.3e-3
+    message_s: float = 1.3e-3
+    round_s: float = 0.0
+
+
+# --------------------------------------------------------------------------- probes
+
+@dataclass
+class Probe:
+    """What one probe measured at ``n_partitions`` (on one core; means over the probed
+    rounds after the first)."""
+
+    n_partitions: int
+    #: rounds of the whole fit: those the probe took when it ran to the stopping rule,
+    #: else the fit's round budget (``max_rounds``)
+    rounds: int
+    rounds_source: str
+    #: the fit's round budget at this P (its max_iter in rounds)
+    max_rounds: int
+    #: seconds of the slowest partition's push per round
+    compute_s: float
+    #: seconds of the driver per round (the round's wall time less the pushes)
+    driver_s: float
+    #: bytes per round through the driver (plans, partials and pull results, all partitions)
+    driver_bytes: float
+    #: ring bytes and messages per worker per round (worker to worker)
+    ring_bytes: float = 0.0
+    ring_messages: float = 0.0
+    #: the longest run of rounds one call may batch, on average (Program.batch_rounds)
+    batch_rounds: float = 1.0
+    #: bytes of the largest partition (Program.partition_nbytes; None: unknown)
+    partition_bytes: int | None = None
+    probed_rounds: int = 0
+    probe_s: float = 0.0
+
+
+def _probe_from_history(rec: "_Recorder", P: int, *, max_rounds: int,
+                        batch_lengths: list[int], partition_bytes, probe_s: float) -> Probe:
+    """A `Probe` from what the recorder saw of a run, round by round (the first round,
+    which compiles and warms caches, left out when there are others)."""
+    history = rec.records
+    if not history:
+        raise RuntimeError(f"the probe at {P} partition(s) ran no round")
+    first = 1 if len(history) > 1 else 0
+    compute, driver, dbytes, rbytes = [], [], [], []
+    for j in range(first, len(history)):
+        r = history[j]
+        pushes = rec.pushes[j] or [0.0]
+        applied = rec.applies[j]
+        compute.append(max(pushes) + applied / P)   # a cluster's workers apply in parallel
+        if j:
+            spent = rec.cpu[j] - rec.cpu[j - 1]
+            driver.append(max(spent - sum(pushes) - applied, 0.0))
+        dbytes.append(r["bytes_schedule"] + r["bytes_push"] + r["bytes_pull"])
+        rbytes.append(r.get("bytes_ring", 0) / P)
+    # ring messages each partition receives a round (delivered before the round's end in
+    # process, and counted there; a message to itself is no message)
+    messages = float(np.mean(rec.received[first:])) / P if rec.received else 0.0
+    completed = not rec.stopped
+    return Probe(
+        n_partitions=P, rounds=len(history) if completed else max_rounds,
+        rounds_source="probe" if completed else "max_iter", max_rounds=max_rounds,
+        compute_s=float(np.mean(compute)), driver_s=float(np.mean(driver)) if driver else 0.0,
+        driver_bytes=float(np.mean(dbytes)), ring_bytes=float(np.mean(rbytes)),
+        ring_messages=messages,
+        batch_rounds=float(np.mean(batch_lengths)) if batch_lengths else 1.0,
+        partition_bytes=partition_bytes, probed_rounds=len(history), probe_s=probe_s)
+
+
+class _Recorder:
+    """The probe's callback: stops the fit after ``seconds`` (never before 3 rounds) and
+    records, after each round, the round's record, the CPU seconds of this thread, of each
+    push and of the applies in it, and how many rounds a call could batch from the next
+    one on.
+
+    CPU seconds, not wall seconds: on a busy machine a probe waits for a core, which says
+    nothing of the work.  In process, the partitions call the probe's program object in
+    this thread one after the other (`watch`), so each push's CPU time is its own.
+    """
+
+    def __init__(self, seconds: float, min_rounds: int = 3):
+        self.seconds, self.min_rounds = seconds, min_rounds
+        self.program = None
+        self.t0 = None
+        self.batch = []
+        self.stopped = False
+        self.records = []
+        #: per round: this thread's CPU seconds at its end, its pushes' CPU seconds (one
+        #: per partition), the CPU seconds of its applies and ring receives (all partitions)
+        self.cpu = []
+        self.pushes = []
+        self.applies = []
+        #: per round: ring messages delivered (all partitions)
+        self.received = []
+        self._pushes, self._applied, self._received = [], 0.0, 0
+
+    def watch(self, program) -> None:
+        """Time ``program``'s pushes, applies and receives, and count the ring messages
+        (this probe's program object only)."""
+        self.program = program
+        push, apply = program.push, program.apply
+
+        def timed_push(state, plan):
+            t0 = time.thread_time()
+            try:
+                return push(state, plan)
+            finally:
+                self._pushes.append(time.thread_time() - t0)
+
+        def timed_apply(state, update):
+            t0 = time.thread_time()
+            try:
+                return apply(state, update)
+            finally:
+                self._applied += time.thread_time() - t0
+
+        program.push, program.apply = timed_push, timed_apply
+        if program.uses_ring:
+            receive = program.receive
+
+            def counted_receive(state, round, src, payload):
+                self._received += 1
+                t0 = time.thread_time()
+                try:
+                    return receive(state, round, src, payload)
+                finally:
+                    self._applied += time.thread_time() - t0
+
+            program.receive = counted_receive
+
+    def __call__(self, round, rec):
+        self.cpu.append(time.thread_time())
+        self.pushes.append(self._pushes)
+        self.applies.append(self._applied)
+        self.received.append(self._received)
+        self._pushes, self._applied, self._received = [], 0.0, 0
+        self.records.append(rec)
+        if self.t0 is None:
+            self.t0 = time.perf_counter()
+        p = self.program
+        if p is not None:
+            nxt = round + 1
+            declared = p.ring_inbox(round) is not None if p.uses_ring else True
+            self.batch.append(int(p.batch_rounds(nxt)) if declared else 1)
+        if round + 1 >= self.min_rounds and time.perf_counter() - self.t0 > self.seconds:
+            self.stopped = True
+            return True
+        return False
+
+
+def _call_lengths(batch: list[int], max_rounds: int) -> list[int]:
+    """The lengths of the calls a batching backend would make over the recorded rounds
+    (each call as long as the program lets the round that starts it batch)."""
+    out, r = [], 0
+    while r < len(batch):
+        m = max(1, min(batch[r], max_rounds))
+        out.append(m)
+        r += m
+    return out
+
+
+def _max_partition_bytes(program, P):
+    try:
+        sizes = [program.partition_nbytes(s) for s in program.partition_specs(P)]
+    except Exception:  # noqa: BLE001 - a program that cannot tell: unknown
+        return None
+    if not sizes or any(s is None for s in sizes):
+        return None
+    return int(max(sizes))
+
+
+def probe_program(program: Program, n_partitions: int, *, max_iter: int,
+                  seconds: float = 5.0) -> Probe:
+    """Probe ``program`` on the in-process backend at ``n_partitions`` for about
+    ``seconds`` (or to its stopping rule, whichever comes first)."""
+    rec = _Recorder(seconds)
+    rec.watch(program)
+    t0 = time.perf_counter()
+    with _one_blas_thread():
+        run(program, LocalBackend(n_partitions), max_iter=max_iter, callback=rec)
+    return _probe_from_history(
+        rec, n_partitions, max_rounds=max_iter,
+        batch_lengths=_call_lengths(rec.batch, config.count("dmp.batch.max-rounds")),
+        partition_bytes=_max_partition_bytes(program, n_partitions),
+        probe_s=time.perf_counter() - t0)
+
+
+def _one_blas_thread():
+    """BLAS on one thread while a probe runs, as on a Dask worker of one thread (whose
+    environment limits it so); a pool of BLAS threads would also count their spinning in
+    the probe's CPU time."""
+    from threadpoolctl import threadpool_limits
+
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+class _Dry(Exception):
+    """Raised by the planner's spy on a fit it only wants to set up."""
+
+
+def _spied(estimator, P, recorder=None, dry=False):
+    """A clone of ``estimator`` on the in-process backend at ``P`` whose run options are
+    recorded (and, ``dry``, whose fit stops there, before any partition exists)."""
+    est = clone(estimator)
+    est.set_params(backend=LocalBackend(P), show_progress=False, callback=recorder)
+    seen = SimpleNamespace(max_iter=None, program=None)
+    hook = est._run_options
+
+    def run_options(fit):
+        opts = hook(fit)
+        seen.max_iter, seen.program = int(opts["max_iter"]), fit.program
+        if recorder is not None:
+            recorder.watch(fit.program)
+        if dry:
+            raise _Dry
+        return opts
+
+    est._run_options = run_options   # on this clone only: the fit path is the estimator's
+    return est, seen
+
+
+def _setup_at(estimator, X, y, P):
+    """``(round budget, largest partition's bytes)`` of ``estimator``'s fit at ``P``, from
+    its set-up alone (None when the data cannot be split over P partitions)."""
+    est, seen = _spied(estimator, P, dry=True)
+    try:
+        est.fit(X, y) if y is not None else est.fit(X)
+    except _Dry:
+        return seen.max_iter, _max_partition_bytes(seen.program, P)
+    except ValueError:
+        return None
+    return None  # pragma: no cover - the spy always stops the fit
+
+
+def probe_estimator(estimator, X, y=None, *, n_partitions: int, seconds: float = 5.0) -> Probe:
+    """Probe ``estimator``'s own fit on ``X`` on the in-process backend at ``n_partitions``
+    for about ``seconds`` (or to its stopping rule)."""
+    rec = _Recorder(seconds)
+    est, seen = _spied(estimator, n_partitions, recorder=rec)
+    t0 = time.perf_counter()
+    try:
+        with _one_blas_thread():
+            est.fit(X, y) if y is not None else est.fit(X)
+    except Exception:
+        # a model that cannot set its attributes from a fit stopped this early (the binary
+        # autoencoder before its first complete iteration) still recorded its rounds
+        if not rec.stopped:
+            raise
+    return _probe_from_history(
+        rec, n_partitions, max_rounds=seen.max_iter,
+        batch_lengths=_call_lengths(rec.batch, config.count("dmp.batch.max-rounds")),
+        partition_bytes=_max_partition_bytes(seen.program, n_partitions),
+        probe_s=time.perf_counter() - t0)
+
+
+# --------------------------------------------------------------------------- the prediction
+
+def _speed(cores: float) -> float:
+    return min(float(cores), 1.0)
+
+
+def predict(probe: Probe, P: int, *, network: Network, engine: EngineCosts = EngineCosts(),
+            cores_per_worker: float = 1.0, driver_cores: float = 1.0,
+            batch_target_s: float | None = None, batch_max_rounds: int | None = None) -> dict:
+    """One row of the plan: the round loop on ``P`` workers from a probe at the same P.
+
+    The seconds of the row are totals over the round loop (``rounds`` rounds); ``round_s``
+    is one round's.  See the module docstring for the formula.
+    """
+    if batch_target_s is None:
+        batch_target_s = config.seconds("dmp.batch.target-duration")
+    if batch_max_rounds is None:
+        batch_max_rounds = config.count("dmp.batch.max-rounds")
+    sw, sd = _speed(cores_per_worker), _speed(driver_cores)
+    compute = probe.compute_s / sw
+    driver = probe.driver_s / sd
+    ring_comm = probe.ring_bytes / network.bandwidth + probe.ring_messages * network.latency
+    ring_over = probe.ring_messages * engine.message_s / sw
+    per_round_work = compute + ring_comm + ring_over
+    # the runner sizes a batch to about batch_target_s of work, within the program's bound
+    per_call = max(1.0, min(probe.batch_rounds, batch_max_rounds,
+                            batch_target_s / max(per_round_work, 1e-12)))
+    comm = (probe.driver_bytes / network.bandwidth + 2 * network.latency) / per_call + ring_comm
+    overhead = ((P * engine.call_s + engine.round_s) / sd + engine.worker_call_s / sw) / per_call \
+        + ring_over
+    round_s = compute + driver + comm + overhead
+    R = probe.rounds
+    return {"workers": P, "loop_s": R * round_s, "rounds": R, "round_s": round_s,
+            "compute_s": R * compute, "driver_s": R * driver, "comm_s": R * comm,
+            "overhead_s": R * overhead, "rounds_per_call": per_call,
+            "bytes_per_worker_round": probe.driver_bytes / P + probe.ring_bytes,
+            "network_bytes": R * (probe.driver_bytes + P * probe.ring_bytes),
+            "rounds_source": probe.rounds_source}
+
+
+def _fit_line(xs, ys):
+    """Least-squares ``a + b x`` (a constant for one point)."""
+    xs, ys = np.asarray(xs, float), np.asarray(ys, float)
+    if len(xs) < 2 or np.ptp(xs) == 0:
+        return float(ys.mean()), 0.0
+    b, a = np.polyfit(xs, ys, 1)
+    return float(a), float(b)
+
+
+def _extrapolate(probes: list[Probe], P: int, max_rounds: int | None,
+                 partition_bytes: int | None) -> Probe:
+    """A `Probe` at ``P`` beyond the probed ones: per-iteration work, driver time and
+    bytes carried over from the probes (the round budget's ratio turns them into per-round
+    figures), the ring bytes per worker as a power of P between the two largest probes."""
+    probes = sorted(probes, key=lambda p: p.n_partitions)
+    last = probes[-1]
+    if max_rounds is None:   # the data cannot be split so far: the budget's trend in P
+        a, b = _fit_line([p.n_partitions for p in probes], [p.max_rounds for p in probes])
+        max_rounds = max(1, int(round(a + b * P)))
+    ratio = last.max_rounds / max_rounds      # per round at P = per round at last x ratio
+    # work per iteration is shared by P partitions
+    compute = last.compute_s * ratio * last.n_partitions / P
+    a, b = _fit_line([p.n_partitions for p in probes],
+                     [p.driver_s * p.max_rounds for p in probes])
+    driver = max(a + b * P, 0.0) / max_rounds
+    a, b = _fit_line([p.n_partitions for p in probes],
+                     [p.driver_bytes * p.max_rounds for p in probes])
+    driver_bytes = max(a + b * P, 0.0) / max_rounds
+    ring_bytes, messages = last.ring_bytes * ratio, last.ring_messages
+    if len(probes) >= 2 and probes[-2].ring_bytes > 0 and last.ring_bytes > 0:
+        p0 = probes[-2]
+        e = math.log((last.ring_bytes * last.max_rounds) / (p0.ring_bytes * p0.max_rounds)) \
+            / math.log(last.n_partitions / p0.n_partitions)
+        e = min(max(e, -1.0), 1.0)
+        ring_bytes = last.ring_bytes * last.max_rounds * (P / last.n_partitions) ** e / max_rounds
+    rounds = max(1, int(round(last.rounds * max_rounds / last.max_rounds)))
+    if partition_bytes is None and last.partition_bytes is not None:
+        partition_bytes = int(last.partition_bytes * last.n_partitions / P)
+    return Probe(n_partitions=P, rounds=rounds,
+                 rounds_source=f"extrapolated from P={last.n_partitions}",
+                 max_rounds=max_rounds, compute_s=compute, driver_s=driver,
+                 driver_bytes=driver_bytes, ring_bytes=ring_bytes, ring_messages=messages,
+                 batch_rounds=last.batch_rounds * max_rounds / last.max_rounds
+                 if last.batch_rounds > 1 else 1.0,
+                 partition_bytes=partition_bytes)
+
+
+def _memory_row(partition_bytes, memory_limit) -> dict:
+    """Memory per worker and whether it fits, as the Dask backend checks it before a fit."""
+    if partition_bytes is None:
+        return {"memory_per_worker": None, "fits": None}
+    need = int(partition_bytes) + collect_transient_bytes() + worker_base_bytes()
+    if memory_limit is None:
+        return {"memory_per_worker": need, "fits": None}
+    import dask
+
+    frac = dask.config.get("distributed.worker.memory.pause", 0.8) or 0.95
+    return {"memory_per_worker": need, "fits": need <= memory_limit * frac}
+
+
+def _nbytes(value) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        from dask.utils import parse_bytes
+
+        return int(parse_bytes(value))
+    return int(value)
+
+
+def _check_workers(workers) -> list[int]:
+    try:
+        ws = [int(w) for w in workers]
+    except (TypeError, ValueError):
+        raise ValueError(f"workers must be a list of whole numbers >= 1, got {workers!r}") \
+            from None
+    if not ws or any(w < 1 for w in ws) or any(int(w) != w for w in workers):
+        raise ValueError(f"workers must be a list of whole numbers >= 1, got {workers!r}")
+    return sorted(set(ws))
+
+
+def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10Gbit,50us",
+         cores_per_worker: float = 1.0, driver_cores: float = 1.0, memory_per_worker="4GiB",
+         engine: EngineCosts | None = None, probe_max: int = 8, probe_seconds: float = 5.0,
+         as_frame: bool | None = None):
+    """Predict what ``estimator.fit(X, y)`` would do on each number of ``workers``.
+
+    Parameters
+    ----------
+    estimator : DMPEstimator
+        An unfitted dmp estimator with the parameters of the fit to plan (it is cloned; its
+        ``backend`` and ``callback`` are replaced in the probes).
+    X, y : data
+        What ``fit`` takes (in-memory data or a dmp store).
+    workers : list of int
+        The numbers of workers to predict for (one partition each).
+    network : str or Network
+        Bandwidth and latency of each worker's link, e.g. ``"10Gbit,50us"``.
+    cores_per_worker, driver_cores : float
+        Cores of each worker and of the driver (the kernels use one; less slows them).
+    memory_per_worker : int or str or None
+        Each worker's memory limit (``fits`` compares with it; None: not checked).
+    engine : EngineCosts, optional
+        The engine's costs per call and message (default: `EngineCosts()`).
+    probe_max : int
+        Probe every requested P up to this one (and at least the smallest); predict larger
+        ones from the probes.
+    probe_seconds : float
+        About how long each probe runs (a probe that reaches the stopping rule sooner gives
+        the exact rounds).
+    as_frame : bool, optional
+        Return a pandas DataFrame (default: when pandas can be imported), else a list of
+        dicts.
+
+    Returns
+    -------
+    table : list of dict or pandas.DataFrame
+        One row per P: ``workers``, ``loop_s`` (predicted round-loop seconds), ``rounds``,
+        ``round_s``, ``compute_s``, ``driver_s``, ``comm_s``, ``overhead_s`` (their split of
+        ``loop_s``), ``speedup`` (against the smallest P), ``bytes_per_worker_round``,
+        ``network_bytes``, ``memory_per_worker``, ``fits``, ``workers_needed`` (the fewest
+        workers that fit, when this P does not) and ``source`` (probe or extrapolation).
+    """
+    Ps = _check_workers(workers)
+    net = parse_network(network)
+    engine = EngineCosts() if engine is None else engine
+    for name, v in (("cores_per_worker", cores_per_worker), ("driver_cores", driver_cores)):
+        if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+            raise ValueError(f"{name} must be a number of cores > 0, got {v!r}")
+    limit = _nbytes(memory_per_worker)
+    probed = [P for P in Ps if P <= max(probe_max, Ps[0])]
+    # a first short fit compiles the kernels (Numba) and warms the caches; not measured
+    probe_estimator(estimator, X, y, n_partitions=probed[0], seconds=min(1.0, probe_seconds))
+    probes = {}
+    for P in probed:
+        try:
+            probes[P] = probe_estimator(estimator, X, y, n_partitions=P, seconds=probe_seconds)
+        except ValueError:
+            # the data cannot be split over P partitions (too few shards or rows): larger P
+            # are predicted from the probes that ran
+            if not probes:
+                raise
+            break
+    rows = []
+    for P in Ps:
+        if P in probes:
+            pr = probes[P]
+            source = f"probe at P={P}"
+        else:
+            setup = _setup_at(estimator, X, y, P)
+            max_rounds, pbytes = setup if setup is not None else (None, None)
+            pr = _extrapolate(list(probes.values()), P, max_rounds, pbytes)
+            source = pr.rounds_source
+        row = predict(pr, P, network=net, engine=engine, cores_per_worker=cores_per_worker,
+                      driver_cores=driver_cores)
+        row.update(_memory_row(pr.partition_bytes, limit))
+        row["source"] = source + ("" if pr.rounds_source != "max_iter"
+                                  else ", rounds: the fit's budget")
+        rows.append(row)
+    base = rows[0]["loop_s"] * rows[0]["workers"]
+    for row in rows:
+        row["speedup"] = rows[0]["loop_s"] / row["loop_s"]
+        row["efficiency"] = base / (row["loop_s"] * row["workers"])
+    _workers_needed(rows, estimator, X, y, limit)
+    columns = ["workers", "loop_s", "speedup", "efficiency", "rounds", "round_s", "compute_s",
+               "driver_s", "comm_s", "overhead_s", "rounds_per_call",
+               "bytes_per_worker_round", "network_bytes", "memory_per_worker", "fits",
+               "workers_needed", "source"]
+    rows = [{c: r.get(c) for c in columns} for r in rows]
+    if as_frame is None or as_frame:
+        try:
+            import pandas as pd
+        except ImportError:
+            if as_frame:
+                raise
+            return rows
+        return pd.DataFrame(rows, columns=columns)
+    return rows
+
+
+def _workers_needed(rows, estimator, X, y, limit) -> None:
+    """Fill ``workers_needed`` of the rows that do not fit: the fewest workers whose
+    partitions fit, from the model's sizes at the rows' P (and their trend beyond)."""
+    fitting = [r["workers"] for r in rows if r["fits"]]
+    for r in rows:
+        r["workers_needed"] = None
+        if r["fits"] is False:
+            larger = [w for w in fitting if w > r["workers"]]
+            if larger:
+                r["workers_needed"] = min(larger)
+            else:   # per-worker model bytes ~ total / P
+                import dask
+
+                frac = dask.config.get("distributed.worker.memory.pause", 0.8) or 0.95
+                usable = limit * frac - worker_base_bytes() - collect_transient_bytes()
+                total = (r["memory_per_worker"] - worker_base_bytes()
+                         - collect_transient_bytes()) * r["workers"]
+                r["workers_needed"] = (math.ceil(total / usable) if usable > 0 else None)
+
+
+# --------------------------------------------------------------------------- output
+
+def table_text(rows) -> str:
+    """The plan as a plain-text table."""
+    if hasattr(rows, "to_dict"):
+        rows = rows.to_dict("records")
+
+    def mib(n):
+        return "?" if n is None or (isinstance(n, float) and math.isnan(n)) else \
+            f"{n / 2**20:,.0f}"
+
+    head = (f"{'P':>5} {'loop s':>9} {'speedup':>7} {'eff':>5} {'rounds':>7} {'compute':>8} "
+            f"{'driver':>8} {'comm':>8} {'overhd':>8} {'KiB/wkr/rnd':>11} {'MiB/wkr':>8} "
+            f"{'fits':>5}  source")
+    lines = [head]
+    for r in rows:
+        fits = {True: "yes", False: "NO", None: "?"}.get(r["fits"], "?")
+        if r["fits"] is False and r.get("workers_needed"):
+            fits = f"NO (>= {r['workers_needed']})"
+        lines.append(
+            f"{r['workers']:>5} {r['loop_s']:>9.3g} {r['speedup']:>7.2f} {r['efficiency']:>5.2f} "
+            f"{r['rounds']:>7} {r['compute_s']:>8.3g} {r['driver_s']:>8.3g} {r['comm_s']:>8.3g} "
+            f"{r['overhead_s']:>8.3g} {r['bytes_per_worker_round'] / 1024:>11,.1f} "
+            f"{mib(r['memory_per_worker']):>8} {fits:>5}  {r['source']}")
+    return "\n".join(lines)
+
+
+def plot_plan(rows, path, *, measured=None, title="dmp plan"):
+    """A PNG of the predicted speed-up against P (and ``measured``: ``{P: speed-up}``),
+    with the ideal line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if hasattr(rows, "to_dict"):
+        rows = rows.to_dict("records")
+    Ps = [r["workers"] for r in rows]
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.plot(Ps, [p / Ps[0] for p in Ps], "k--", label="ideal")
+    ax.plot(Ps, [r["speedup"] for r in rows], "o-", label="predicted")
+    if measured:
+        ax.plot(sorted(measured), [measured[p] for p in sorted(measured)], "s", label="measured")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("workers P")
+    ax.set_ylabel("round-loop speed-up")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- engine costs
+
+@dataclass(frozen=True)
+class NullPlan(Message):
+    """`NullProgram`'s plan: typed, as every dmp program's (its pickling is part of the
+    engine's cost of a call)."""
+
+    round: int
+
+
+@dataclass(frozen=True)
+class NullPartial(Message):
+    """`NullProgram`'s partial result."""
+
+    values: np.ndarray
+
+
+class NullProgram(Program):
+    """A program of known costs: each plan is a `NullPlan` (16 bytes counted), each push
+    spins ``push_s`` seconds of its thread's CPU and returns a `NullPartial` of
+    ``partial_bytes`` bytes (8 more counted for its type); each pull spins ``pull_s``; with
+    ``ring_bytes`` each push also sends that many bytes to the next partition.
+    `measure_engine` runs it with no work to time the engine itself."""
+
+    name = "null"
+    gather_partitions = False
+
+    def __init__(self, push_s=0.0, pull_s=0.0, partial_bytes=8, ring_bytes=0,
+                 partition_bytes=1000, batched=False):
+        super().__init__()
+        self.batched = bool(batched)
+        self.push_s, self.pull_s = float(push_s), float(pull_s)
+        self.partial_bytes, self.ring_bytes = int(partial_bytes), int(ring_bytes)
+        self.partition_bytes = int(partition_bytes)
+        self.uses_ring = self.ring_bytes > 0
+
+    def partition_specs(self, n_partitions):
+        return [{"k": k, "P": n_partitions} for k in range(n_partitions)]
+
+    def partition_nbytes(self, spec):
+        return self.partition_bytes
+
+    def start(self, n_partitions):
+        self.driver = {"P": n_partitions}
+
+    def schedule(self, round):
+        return [NullPlan(round)] * self.driver["P"]
+
+    def init_partition(self, spec):
+        return {"k": spec["k"], "P": spec["P"], "inbox": {}}
+
+    def push(self, state, plan):
+        _spin(self.push_s)
+        partial = NullPartial(np.zeros(max(self.partial_bytes // 8, 0)))
+        if self.uses_ring and state["P"] > 1:
+            return Sends(partial, {(state["k"] + 1) % state["P"]:
+                                   np.zeros(self.ring_bytes // 8)})
+        return partial
+
+    def ring_inbox(self, round):
+        # with ``batched``, each partition waits for the message of the one before it: a
+        # batch of rounds is a chain of ring hops, timed without the driver
+        if not self.batched:
+            return None
+        P = self.driver["P"]
+        return [1 if P > 1 else 0] * P
+
+    def batch_rounds(self, round):
+        return 1024 if self.batched else 1
+
+    def receive(self, state, round, src, payload):
+        state["inbox"] = {round: payload}   # only the last: it is never read
+
+    def pull(self, round, partials):
+        _spin(self.pull_s)
+        return None
+
+
+def _spin(seconds: float) -> None:
+    if seconds <= 0:
+        return
+    t0 = time.thread_time()
+    while time.thread_time() - t0 < seconds:
+        pass
+
+
+def measure_engine(backend, *, rounds: int = 40, partial_bytes: int = 8,
+                   ring_bytes: int = 0, batched: bool = False) -> dict:
+    """Seconds per round of `NullProgram` (no work) on ``backend`` (a dmp backend or a
+    ``distributed.Client``): the engine's own cost of a round there, with partials of
+    ``partial_bytes`` and, with ``ring_bytes``, one ring message per partition.
+
+    Returns ``{"round_s": median seconds per round, "n_partitions": P}``.  Rounds with
+    tiny and with large partials, and with and without ring messages, give the per-call,
+    per-byte and per-message costs (`EngineCosts`, `Network`) of a cluster; ``batched``
+    ring rounds run in batches (one call per partition for many rounds, each a ring hop),
+    whose time per round is a message's cost there.
+    """
+    from .engine.backends.base import resolve_backend
+
+    be = resolve_backend(backend, None)
+    try:
+        result = run(NullProgram(partial_bytes=partial_bytes, ring_bytes=ring_bytes,
+                                 batched=batched), be, max_iter=rounds)
+    finally:
+        be.close()
+    t = np.diff([r["time"] for r in result.history])[min(5, rounds // 4):]
+    return {"round_s": float(np.median(t)), "n_partitions": be.n_partitions}

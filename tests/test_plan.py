@@ -1,0 +1,217 @@
+"""`dmp.plan` and `dmp plan`: the planner's arithmetic on a program of known costs, its
+probes of a real fit, and the command line."""
+
+import json
+
+import dask
+import numpy as np
+import pytest
+
+import dmp
+from conftest import make_problem
+from dmp.cli import _workers_list, main
+from dmp.io import write_sparse
+from dmp.linear_model import Lasso
+from dmp.planning import (EngineCosts, Network, NullProgram, Probe, parse_network, predict,
+                          probe_program)
+
+GBIT = 1e9 / 8
+
+
+@pytest.mark.parametrize("text, bandwidth, latency", [
+    ("10Gbit,50us", 10 * GBIT, 50e-6),
+    ("1GB/s, 0.1ms", 1e9, 1e-4),
+    ("100Mbit,1ms", 100e6 / 8, 1e-3),
+    ("2.5GiB,200ns", 2.5 * 2**30, 200e-9),
+])
+def test_parse_network(text, bandwidth, latency):
+    net = parse_network(text)
+    assert net.bandwidth == pytest.approx(bandwidth, rel=1e-12)
+    assert net.latency == pytest.approx(latency, rel=1e-12)
+
+
+@pytest.mark.parametrize("text, says", [
+    ("10Gbit", "a bandwidth and a latency"),
+    ("10Gbits,50us", "cannot read the bandwidth '10gbits'"),
+    ("fast,50us", "cannot read the bandwidth"),
+    ("10Gbit,50", "cannot read the latency '50'"),
+    ("0Gbit,50us", "bandwidth must be > 0"),
+])
+def test_parse_network_refuses(text, says):
+    with pytest.raises(ValueError, match=says):
+        parse_network(text)
+
+
+def test_predict_arithmetic():
+    """One round on P = 4 from a probe whose every cost is given; the expected figures are
+    worked out here term by term."""
+    probe = Probe(n_partitions=4, rounds=50, rounds_source="probe", max_rounds=100,
+                  compute_s=0.02, driver_s=0.004, driver_bytes=4e6, ring_bytes=1e6,
+                  ring_messages=1.0, batch_rounds=1.0)
+    net = Network(bandwidth=1e9, latency=1e-4)
+    eng = EngineCosts(call_s=1e-3, worker_call_s=2e-3, message_s=5e-4, round_s=3e-3)
+    row = predict(probe, 4, network=net, engine=eng, cores_per_worker=0.5, driver_cores=2.0)
+    compute = 0.02 / 0.5                                   # half a core: twice as long
+    driver = 0.004 / 1.0                                   # more than a core: no faster
+    comm = 4e6 / 1e9 + 2e-4 + 1e6 / 1e9 + 1e-4             # driver link, ring hop
+    overhead = (4 * 1e-3 + 3e-3) / 1.0 + 2e-3 / 0.5 + 5e-4 / 0.5
+    round_s = compute + driver + comm + overhead           # 0.04 + 0.004 + 0.0053 + 0.012
+    assert row["round_s"] == pytest.approx(0.0613, rel=1e-12)
+    assert row["round_s"] == pytest.approx(round_s, rel=1e-12)
+    assert row["loop_s"] == pytest.approx(50 * 0.0613, rel=1e-12)
+    assert row["compute_s"] == pytest.approx(50 * 0.04, rel=1e-12)
+    assert row["comm_s"] == pytest.approx(50 * 0.0053, rel=1e-12)
+    assert row["overhead_s"] == pytest.approx(50 * 0.012, rel=1e-12)
+    assert row["bytes_per_worker_round"] == pytest.approx(1e6 + 1e6)
+    assert row["network_bytes"] == pytest.approx(50 * (4e6 + 4 * 1e6))
+
+
+def test_predict_batches_spread_the_call_cost():
+    """A call that runs many rounds (batch_rounds) pays the driver's round trip once: the
+    runner sizes it to about ``dmp.batch.target-duration`` of work."""
+    probe = Probe(n_partitions=2, rounds=1000, rounds_source="probe", max_rounds=1000,
+                  compute_s=0.001, driver_s=0.0, driver_bytes=0.0, batch_rounds=500.0)
+    net = Network(bandwidth=1e9, latency=1e-3)
+    eng = EngineCosts(call_s=0.01, worker_call_s=0.0, message_s=0.0, round_s=0.0)
+    row = predict(probe, 2, network=net, engine=eng, batch_target_s=0.1, batch_max_rounds=1024)
+    assert row["rounds_per_call"] == pytest.approx(100.0)   # 0.1 s / 1 ms
+    assert row["round_s"] == pytest.approx(0.001 + 2e-3 / 100 + 2 * 0.01 / 100, rel=1e-12)
+    capped = predict(probe, 2, network=net, engine=eng, batch_target_s=10.0,
+                     batch_max_rounds=1024)
+    assert capped["rounds_per_call"] == pytest.approx(500.0)   # the program's bound
+
+
+def test_probe_of_a_program_of_known_costs():
+    """The probe reads the bytes and rounds of `NullProgram` exactly, its push time from
+    the spin it does (at least what it spun on its thread)."""
+    prog = NullProgram(push_s=0.004, partial_bytes=800, ring_bytes=1600, partition_bytes=12345)
+    probe = probe_program(prog, 3, max_iter=12, seconds=30.0)
+    assert probe.rounds == 12 and probe.rounds_source == "probe"
+    # per partition: a plan (type + round: 16 bytes), a partial (type + 800); no pull result
+    assert probe.driver_bytes == 3 * (16 + 8 + 800)
+    assert probe.ring_bytes == 1600 and probe.ring_messages == 1.0
+    assert probe.partition_bytes == 12345
+    assert 0.0035 <= probe.compute_s < 0.5   # seconds of one core: what it spun
+    assert probe.batch_rounds == 1.0
+    row = predict(probe, 3, network=Network(1e9, 0.0), engine=EngineCosts(0, 0, 0, 0))
+    assert row["compute_s"] == pytest.approx(12 * probe.compute_s)
+    assert row["bytes_per_worker_round"] == pytest.approx(16 + 8 + 800 + 1600)
+
+
+def test_probe_stops_after_its_time():
+    probe = probe_program(NullProgram(push_s=0.01), 1, max_iter=10_000, seconds=0.1)
+    assert probe.rounds_source == "max_iter" and probe.rounds == 10_000
+    assert 3 <= probe.probed_rounds < 10_000
+
+
+@pytest.fixture(scope="module")
+def lasso_problem():
+    X, y = make_problem(n=120, p=400, density=0.05)
+    return X, y
+
+
+def test_plan_of_a_lasso(lasso_problem):
+    X, y = lasso_problem
+    est = Lasso(alpha=0.01, tol=1e-5, random_state=0)
+    rows = dmp.plan(est, X, y, workers=[1, 2, 8], network="10Gbit,50us", probe_max=2,
+                    probe_seconds=0.5, memory_per_worker=None, as_frame=False)
+    assert [r["workers"] for r in rows] == [1, 2, 8]
+    for r in rows:
+        parts = r["compute_s"] + r["driver_s"] + r["comm_s"] + r["overhead_s"]
+        assert r["loop_s"] == pytest.approx(parts, rel=1e-9) and r["loop_s"] > 0
+        assert r["rounds"] >= 1 and r["memory_per_worker"] > 0 and r["fits"] is None
+    assert rows[0]["speedup"] == 1.0
+    assert rows[0]["source"].startswith("probe at P=1")
+    assert rows[2]["source"].startswith("extrapolated from P=2")
+    # the Lasso's probe runs to its stopping rule: its own rounds, not the budget
+    assert rows[0]["rounds"] < est.max_iter
+    ref = Lasso(alpha=0.01, tol=1e-5, random_state=0, backend="local", n_workers=1).fit(X, y)
+    assert rows[0]["rounds"] == ref.n_iter_
+
+
+def test_plan_refuses_what_does_not_fit(lasso_problem):
+    """With the worker's fixed cost set to (almost) nothing, the partitions decide."""
+    X, y = lasso_problem
+    est = Lasso(alpha=0.01, tol=1e-5, random_state=0)
+    with dask.config.set({"dmp.memory.worker-base": 1,
+                          "dmp.memory.collect-piece-bytes": 1}):
+        first = dmp.plan(est, X, y, workers=[1, 4], probe_max=1, probe_seconds=0.2,
+                         memory_per_worker=None, as_frame=False)
+        m1, m4 = first[0]["memory_per_worker"], first[1]["memory_per_worker"]
+        assert m4 < m1
+        limit = int((m1 + m4) / 2 / 0.8)
+        rows = dmp.plan(est, X, y, workers=[1, 4], probe_max=1, probe_seconds=0.2,
+                        memory_per_worker=limit, as_frame=False)
+    assert [r["fits"] for r in rows] == [False, True]
+    assert rows[0]["workers_needed"] == 4
+
+
+def test_plan_refuses_bad_arguments(lasso_problem):
+    X, y = lasso_problem
+    with pytest.raises(ValueError, match="workers must be a list of whole numbers >= 1"):
+        dmp.plan(Lasso(), X, y, workers=[0, 2])
+    with pytest.raises(ValueError, match="network must be"):
+        dmp.plan(Lasso(), X, y, network="fast")
+    with pytest.raises(ValueError, match="cores_per_worker must be a number of cores > 0"):
+        dmp.plan(Lasso(), X, y, cores_per_worker=0)
+
+
+def test_workers_list():
+    assert _workers_list("1,2,4,...,1024") == [2**k for k in range(11)]
+    assert _workers_list("1,3,...,27") == [1, 3, 9, 27]       # the ratio
+    assert _workers_list("2,5,...,11") == [2, 5, 8, 11]       # else the step
+    assert _workers_list("8,1,2") == [1, 2, 8]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--network", "10Gbit"], "network must be a bandwidth and a latency"),
+    (["--workers", "1,0"], "argument --workers: workers must be whole numbers >= 1"),
+    (["--workers", "1,2,...,x"], "argument --workers"),
+    (["--cores-per-worker", "-1"], "--cores-per-worker must be a number > 0"),
+])
+def test_cli_plan_refuses(tmp_path, capsys, argv, says):
+    pipeline = tmp_path / "p.yaml"
+    pipeline.write_text("name: p\ndataset: nowhere.zarr\nestimator: {class: Lasso}\n")
+    try:
+        rc = main(["plan", str(pipeline), *argv])
+    except SystemExit as exc:   # argparse's own errors
+        rc = exc.code
+    assert rc == 2
+    assert says in capsys.readouterr().err
+
+
+def test_cli_plan_of_a_pipeline(tmp_path, capsys, lasso_problem):
+    X, y = lasso_problem
+    write_sparse(tmp_path / "data.zarr", X, y, n_shards=4)
+    pipeline = tmp_path / "lasso.yaml"
+    pipeline.write_text(
+        "name: tiny\ndataset: data.zarr\nestimator:\n  class: Lasso\n"
+        "  params: {alpha_ratio: 0.1, tol: 1.0e-5, random_state: 0}\n"
+        "compare: {schedule: [round_robin, priority]}\noutput: out\n")
+    png = tmp_path / "plan.png"
+    rc = main(["plan", str(pipeline), "--workers", "1,2,...,8", "--probe-max", "1",
+               "--probe-seconds", "0.2", "--network", "1Gbit,100us", "--json", "--png",
+               str(png)])
+    assert rc == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["workers"] for r in rows] == [1, 2, 4, 8]
+    assert all(r["loop_s"] > 0 and r["fits"] is True for r in rows)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rc = main(["plan", str(pipeline), "--workers", "2", "--probe-seconds", "0.2"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "tiny: Lasso on" in out and "loop s" in out
+    assert len([line for line in out.splitlines() if line.strip()[:1].isdigit()]) == 1
+    assert np.isfinite([r["loop_s"] for r in rows]).all()
+
+
+def test_plan_probes_what_the_store_allows(tmp_path, lasso_problem):
+    """A store of 2 shards holds at most 2 partitions: larger P are predicted from the
+    probes that could run, and the rows say so."""
+    X, y = lasso_problem
+    ds = write_sparse(tmp_path / "two.zarr", X, y, n_shards=2)
+    rows = dmp.plan(Lasso(alpha=0.01, tol=1e-5, random_state=0), ds, workers=[1, 2, 4],
+                    probe_max=4, probe_seconds=0.2, as_frame=False)
+    assert [r["source"].split(",")[0] for r in rows] == [
+        "probe at P=1", "probe at P=2", "extrapolated from P=2"]
+    assert rows[2]["loop_s"] > 0 and rows[2]["memory_per_worker"] > 0
