@@ -27,8 +27,9 @@ about 1e6 stored values; the first fit in a fresh process adds at most 0.3 s ove
   first fit adds: imports inside ``fit``, dispatch, Numba kernels loaded from the on-disk
   cache) and the reference's same numbers, in wall time and in the process's CPU time.
 
-Cases (dmp on the in-process backend, ``backend="local"``, one partition; references single
-threaded through ``threadpoolctl`` where they use BLAS):
+Cases (dmp with its default ``backend="auto"``, as a user starts: without a Dask client that
+is the in-process backend with one partition; references single threaded through
+``threadpoolctl`` where they use BLAS):
 
 * ``lasso``: dense 400 x 120 (48k values), ``alpha = alpha_max / 20``, ``tol=1e-6``;
   scikit-learn ``Lasso``.  Quality: the objective.
@@ -147,17 +148,16 @@ def fit(case: str, side: str, data: dict):
     m = _import(case, side)
     if case == "lasso":
         alpha = _alpha_max(data["X"], data["y"]) / 20
-        est = (m.Lasso(alpha=alpha, tol=1e-6, backend="local", random_state=0) if side == "dmp"
+        est = (m.Lasso(alpha=alpha, tol=1e-6, random_state=0) if side == "dmp"
                else m(alpha=alpha, tol=1e-6))
         return est.fit(data["X"], data["y"])
     if case == "sgd":
         kw = dict(loss="log_loss", alpha=1e-4, max_iter=20, tol=None, random_state=0)
-        est = (m.SparsifiedSGDClassifier(backend="local", **kw) if side == "dmp" else m(**kw))
+        est = (m.SparsifiedSGDClassifier(**kw) if side == "dmp" else m(**kw))
         return est.fit(data["X"], data["y"])
     if case == "lda":
         if side == "dmp":
-            est = m.LatentDirichletAllocation(n_components=10, max_iter=50, backend="local",
-                                              random_state=0)
+            est = m.LatentDirichletAllocation(n_components=10, max_iter=50, random_state=0)
         else:
             est = m(n_components=10, max_iter=50, learning_method="batch", random_state=0)
         return est.fit(data["X"])
@@ -167,7 +167,7 @@ def fit(case: str, side: str, data: dict):
 
             R = sp.coo_matrix((data["r"], (data["u"], data["i"])), shape=(2000, 500))
             est = m.MatrixFactorization(n_components=10, alpha=0.05, max_iter=10, tol=None,
-                                        center=False, backend="local", random_state=0)
+                                        center=False, random_state=0)
             return est.fit(R)
         import scipy.sparse as sp
 
@@ -180,7 +180,7 @@ def fit(case: str, side: str, data: dict):
         return est.fit(R)
     if case == "ba":
         if side == "dmp":
-            return m.BinaryAutoencoder(n_bits=16, backend="local", random_state=0).fit(data["X"])
+            return m.BinaryAutoencoder(n_bits=16, random_state=0).fit(data["X"])
         return m.itq(data["X"], 16, random_state=0)
     raise ValueError(case)
 
