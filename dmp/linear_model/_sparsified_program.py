@@ -40,6 +40,10 @@ _LOSS_IDS = {"squared_error": kernels.SQUARED, "log_loss": kernels.LOGISTIC}
 _LOSS_CURVATURE = {"squared_error": 1.0, "log_loss": 0.25}
 #: an objective this many times the one the fit started from: the iterates diverge
 DIVERGENCE_FACTOR = 1e4
+#: rows of the CountSketch of the local gradients that ISEGA's stopping check uploads
+SKETCH_SIZE = 16
+#: consecutive passing checks that stop an ISEGA fit (one low sketch draw does not)
+CHECKS_TO_STOP = 2
 
 
 def block_bounds(n_coords: int, n_blocks: int) -> np.ndarray:
@@ -104,6 +108,8 @@ class StepPlan(Message):
     round: int
     #: also return the loss at the current point
     eval: bool
+    #: also return a CountSketch of the local gradient (ISEGA's stopping check)
+    sketch: bool = False
 
 
 _PLANS = (InitPlan, StepPlan)
@@ -143,6 +149,10 @@ class SparsifiedDriver(DriverState):
     upload: list = field(default_factory=list)
     #: the workers' statistics of round 0
     stats: list | None = None
+    #: ISEGA's stopping check: the last estimate of the squared gradient-mapping norm and
+    #: how many checks in a row it has passed
+    grad_sq: float | None = None
+    passed: int = 0
 
 
 class SparsifiedProgram(Program):
@@ -199,6 +209,11 @@ class SparsifiedProgram(Program):
         # memory covers the data term only, so there it stays in the prox.
         self.l2 = self.alpha * (1.0 - self.l1_ratio)
         self.l2_in_f = method != "isaga"
+        # ISEGA with exact local gradients converges to the optimum, so it stops on the
+        # gradient mapping at its iterate (tau-independent); the others on the objective
+        self.gradient_stop = method == "isega" and not self.stochastic
+        r = self.n_blocks / self.tau
+        self.check_every = max(1, math.ceil(r / 2 - 1e-9))
 
     # ================================================================== worker side
     def init_partition(self, spec):
@@ -277,7 +292,24 @@ class SparsifiedProgram(Program):
                 vals = kernels.shift_delta(grad, s["shift"], self.bounds, ids)
             else:
                 vals = kernels.gather_blocks(grad, self.bounds, ids, 1.0)
-        return {"blocks": S, "values": vals, "loss": loss}
+        out = {"blocks": S, "values": vals, "loss": loss}
+        if plan.sketch:
+            out["sketch"] = self._sketch(self._on_support(grad, x), plan.round)
+        return out
+
+    def _sketch(self, v, round):
+        out = np.empty(SKETCH_SIZE)
+        kernels.count_sketch(v, self.seed, round, SKETCH_SIZE, out)
+        return out
+
+    def _on_support(self, v, x):
+        """``v`` on the coordinates where the gradient mapping is ``grad + l1 sign(x)``:
+        all of them without an L1 term, else the nonzero and the unpenalised ones."""
+        if not self.alpha * self.l1_ratio:
+            return v
+        out = np.where(x != 0, v, 0.0)
+        out[self.n_features:] = v[self.n_features:]
+        return out
 
     def _add_l2(self, grad, x):
         if self.l2 and self.l2_in_f:
@@ -336,7 +368,9 @@ class SparsifiedProgram(Program):
         if round == 0:
             return [InitPlan(0)] * self.driver.n_parts
         ev = (not self.stochastic) or (round % self.eval_every == 0)
-        return [StepPlan(round, ev)] * self.driver.n_parts
+        sketch = (self.gradient_stop and self.tol is not None and self.tau < self.n_blocks
+                  and round % self.check_every == 0)
+        return [StepPlan(round, ev, sketch)] * self.driver.n_parts
 
     def penalty(self, x) -> float:
         w = x[:self.n_features]
@@ -415,6 +449,8 @@ class SparsifiedProgram(Program):
         D = self.n_coords
         evaluated = d.point
         d.objective_at = self._objective(partials, evaluated)
+        d.grad_sq = self._gradient_mapping_sq(round, partials, g, evaluated) \
+            if self.gradient_stop and self.tol is not None else None
         step = d.step
         new_x = np.empty(D)
         kernels.prox_elastic_net(evaluated - step * g, step, self.alpha * self.l1_ratio,
@@ -472,6 +508,42 @@ class SparsifiedProgram(Program):
                                                                              1.0)})
         return Broadcast({"x": new.copy()})
 
+    def _gradient_mapping_sq(self, round, partials, g, x):
+        """``|G(x)|^2`` for the gradient mapping ``G(x) = L (x - prox_{R_1 / L}(x - grad/L))``
+        at the point the workers used (R_1: the L1 part; L: the smoothness bound), or None
+        in rounds without a check.
+
+        Dense (tau = m): exact, from the gradient itself.  Sparsified: the uploaded blocks
+        only estimate the gradient, with a variance that trails the shifts, so every
+        ``ceil(m / 2 tau)`` rounds each worker adds a CountSketch of its full local gradient
+        (``SKETCH_SIZE`` values, one key for all workers): the sketches sum to the sketch of
+        the full gradient, whose squared norm estimates ``|grad F(x)|^2`` without bias and
+        with a relative spread of ``sqrt(2 / SKETCH_SIZE)``.  With an L1 term the sketch
+        covers the nonzero and unpenalised coordinates (where ``G = grad + l1 sign(x)``); on
+        the zero ones ``G`` is the soft-thresholded shift memory ``h``, at most an epoch
+        of blocks old.
+        """
+        d = self.driver
+        L = d.L if d.L and d.L > 0 else 1.0
+        l1 = self.alpha * self.l1_ratio
+        if self.tau == self.n_blocks:
+            p = np.empty(self.n_coords)
+            kernels.prox_elastic_net(x - g / L, 1.0 / L, l1, 0.0, self.n_features, p)
+            G = L * (x - p)
+            return float(G @ G)
+        sketches = [p.get("sketch") for p in partials]
+        if any(s is None for s in sketches):
+            return None
+        total = sum(w * s for w, s in zip(d.weights, sketches))
+        if not l1:
+            return float(total @ total)
+        sign = np.zeros(self.n_coords)
+        sign[:self.n_features] = l1 * np.sign(x[:self.n_features])
+        total = total + self._sketch(sign, round)
+        zero = np.flatnonzero(x[:self.n_features] == 0)
+        h = np.abs(d.memory[zero]) - l1
+        return float(total @ total) + float(h[h > 0] @ h[h > 0])
+
     def _track(self, f):
         d = self.driver
         if f is None:
@@ -487,6 +559,18 @@ class SparsifiedProgram(Program):
         d.best = min(d.best, f)
         d.bests.append(d.best)
         if self.tol is None:
+            return
+        if self.gradient_stop:
+            # n_iter_no_change dense steps of 1/L would lower F by about
+            # n_iter_no_change |G|^2 / (2L): stop when that is below tol (relative), the same
+            # test whatever tau (BENCHMARKS.md "ISEGA on heterogeneous shards")
+            if d.grad_sq is not None:
+                scale = self.tol * max(1.0, abs(d.best))
+                ok = self.n_iter_no_change * d.grad_sq / (2.0 * d.L) <= scale
+                d.passed = d.passed + 1 if ok else 0
+                # the dense check is exact: one pass stops it
+                if d.passed >= (1 if self.tau == self.n_blocks else CHECKS_TO_STOP):
+                    d.converged = True
             return
         # Progress is judged over a window of evaluations that stands for the same progress
         # whatever tau: stop when the best objective improved by less than tol (relative).
@@ -538,6 +622,7 @@ class SparsifiedProgram(Program):
                 "step": d.step, "beta": d.beta, "weights": d.weights, "l": d.l,
                 "L": d.L, "L_w": d.L_w, "A": d.A,
                 "objective": d.objective, "best": d.best, "start": d.start,
+                "passed": d.passed,
                 "bests": np.asarray(d.bests, dtype=np.float64), "stats": d.stats}
 
     def load_driver_state(self, state):
@@ -550,6 +635,7 @@ class SparsifiedProgram(Program):
                      "stats"):
             setattr(d, name, state[name])
         d.start = state.get("start")   # None in checkpoints from before the check
+        d.passed = int(state.get("passed", 0))
         d.upload = [0] * d.n_parts
         d.objective_at = d.objective
 
@@ -562,4 +648,6 @@ def _upload_bytes(partial) -> int:
     n = partial["values"].nbytes
     if partial["blocks"] is not None:
         n += partial["blocks"].nbytes
+    if partial.get("sketch") is not None:
+        n += partial["sketch"].nbytes
     return n + (8 if partial["loss"] is not None else 0)
