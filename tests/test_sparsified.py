@@ -546,3 +546,57 @@ def test_default_tol_stops_at_the_same_suboptimality_whatever_tau():
         final[tau] = (est.objective_ - fstar) / fstar
     ratio = final["auto"] / final["all"]
     assert 1 / 3 <= ratio <= 3, final
+
+
+def test_count_sketch_is_linear_and_estimates_the_squared_norm():
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal(300), rng.standard_normal(300)
+    sa, sb, sab = np.empty(16), np.empty(16), np.empty(16)
+    kernels.count_sketch(a, 7, 11, 16, sa)
+    kernels.count_sketch(b, 7, 11, 16, sb)
+    kernels.count_sketch(0.3 * a + 2.0 * b, 7, 11, 16, sab)
+    np.testing.assert_allclose(sab, 0.3 * sa + 2.0 * sb, rtol=1e-12, atol=1e-12)
+    # over independent keys |S a|^2 averages to |a|^2, with variance at most 2 |a|^4 / k
+    est = []
+    for key in range(400):
+        kernels.count_sketch(a, 7, key, 16, sa)
+        est.append(sa @ sa)
+    est = np.asarray(est) / (a @ a)
+    assert abs(est.mean() - 1.0) < 4 * np.sqrt(2 / 16 / 400)
+    assert est.var() <= 2 / 16 * 1.3
+
+
+def test_default_tol_final_suboptimality_does_not_depend_on_tau_least_squares():
+    # the objective-window rule stopped tau = m/n at 1e-4..4e-3 while dense (its objective
+    # converging in ~15 iterations, ISEGA's in ~150, noisily) ran on to 1e-9..1e-5
+    from sklearn.datasets import make_regression
+
+    X, y = make_regression(n_samples=2000, n_features=30, noise=10, random_state=0)
+    X = StandardScaler().fit_transform(X)
+    y = (y - y.mean()) / y.std()
+    alpha = 1e-3
+    fstar, _ = ridge_optimum(X, y, alpha)
+    final = {}
+    for tau in ("all", 16, "auto"):
+        est = SparsifiedSGDRegressor(alpha=alpha, n_workers=10, max_iter=3000,
+                                     blocks_per_worker=tau, backend="local",
+                                     random_state=0).fit(X, y)
+        assert est.n_iter_ < 3000
+        final[tau] = (est.objective_ - fstar) / fstar
+    assert max(final.values()) <= 3 * min(final.values()), final
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_isega_stopping_check_uploads_a_sketch_every_quarter_epoch():
+    rng = np.random.default_rng(2)
+    X = rng.standard_normal((200, 99))
+    y = rng.standard_normal(200)
+    n, m, tau = 10, 50, 5
+    est = SparsifiedSGDRegressor(method="isega", n_blocks=m, blocks_per_worker="auto",
+                                 max_iter=20, tol=1e-12, n_workers=n, backend="local",
+                                 random_state=0).fit(X, y)
+    up = est.history_["upload_bytes"][1:]
+    base = tau * (2 * 8 + 4) + 8
+    # r = m / tau = 10: a check every ceil(r / 4) = 3 rounds, 8 sketch values on top
+    checks = np.arange(1, 21) % 3 == 0
+    assert np.all(up[checks] == base + 8 * 8) and np.all(up[~checks] == base)

@@ -254,3 +254,24 @@ def assign_blocks(x, bounds, blocks, values) -> None:
         for c in range(bounds[b], bounds[b + 1]):
             x[c] = values[pos]
             pos += 1
+
+
+@njit(cache=True, nogil=True)
+def count_sketch(v, seed: np.int64, counter: np.int64, k: np.int64, out) -> None:
+    """``out = S v`` for a CountSketch ``S`` of ``k`` rows keyed by ``(seed, counter)``.
+
+    Every coordinate goes to one of ``k`` buckets with a random sign (splitmix64 of the
+    key and the coordinate), so ``|S v|^2`` is an unbiased estimate of ``|v|^2`` with
+    variance at most ``2 |v|^4 / k``; ``S`` is linear, so the sketches of several vectors
+    drawn with the same key add up to the sketch of their sum.
+    """
+    out[:] = 0.0
+    key = np.uint64(seed) * np.uint64(0xD1B54A32D192ED03)
+    key, _ = _splitmix64(key ^ np.uint64(counter))
+    for j in range(v.shape[0]):
+        _, h = _splitmix64(key ^ (np.uint64(j) * np.uint64(0x9E3779B97F4A7C15)))
+        b = np.int64(h % np.uint64(k))
+        if (h >> np.uint64(63)) & np.uint64(1):
+            out[b] -= v[j]
+        else:
+            out[b] += v[j]

@@ -192,7 +192,7 @@ class _SparsifiedBase(DMPEstimator):
         if (not fit.one_epoch and not result.converged and not result.stopped
                 and self.tol is not None):
             return (f"{type(self).__name__} stopped after max_iter={self.max_iter} "
-                    f"iterations before the objective stopped improving by tol; "
+                    f"iterations before its stopping test met tol; "
                     f"increase max_iter")
 
     def fit(self, X, y=None):
@@ -294,12 +294,20 @@ class SparsifiedSGDRegressor(RegressorMixin, _SparsifiedBase):
     max_iter : int, default=1000
         Iterations (rounds).
     tol : float or None, default=1e-6
-        Stop when the best objective decreased by less than ``tol * max(1, |best|)`` over
-        the last ``n_iter_no_change * c`` evaluations (every iteration with exact
-        gradients, every epoch otherwise), where ``c = max(ceil(A / L), ceil(m / (8 tau)))``
-        for ``isgd`` / ``isega`` with exact gradients (A / L: how much the auto step
-        shrinks against the dense one) and ``ceil(m / tau)`` otherwise, so that the final
-        suboptimality hardly depends on tau; None runs ``max_iter`` iterations.
+        ``isega`` with exact local gradients: stop when ``n_iter_no_change |G|^2 / (2L) <=
+        tol * max(1, |best objective|)``, with ``G`` the gradient mapping (the gradient
+        without an L1 term) at the iterate and L the smoothness bound, i.e. when
+        ``n_iter_no_change`` dense steps of 1/L would gain less than tol; the test does not
+        depend on tau, so neither does the final suboptimality.  With ``tau = m`` it is
+        exact and checked every iteration; with ``tau < m`` every ``ceil(m / 4 tau)``
+        iterations each worker adds an 8-value CountSketch of its local gradient to its
+        upload, and the fit tests the mean of the last checks of about one epoch of
+        blocks (at most 4; docs/algorithms.md, "Stopping").  The other methods: stop when the best objective decreased by less
+        than ``tol * max(1, |best|)`` over the last ``n_iter_no_change * c`` evaluations
+        (every iteration with exact gradients, every epoch otherwise), where ``c =
+        max(ceil(A / L), ceil(m / (8 tau)))`` for ``isgd`` with exact gradients (A / L: how
+        much the auto step shrinks against the dense one) and ``ceil(m / tau)`` otherwise.
+        None runs ``max_iter`` iterations.
     n_iter_no_change : int, default=10
     backend : {"auto", "local", "dask"}, distributed.Client or backend, default="auto"
     n_workers : int, optional
