@@ -79,6 +79,40 @@ def test_dcd_w_step_on_p_workers_is_serial_cyclic_dual_cd(digits, P):
     assert ba.iteration_history_["identical"].all()
 
 
+def test_auto_mu0_is_the_itq_starts_reconstruction_error_over_16(digits):
+    # mu0="auto": mu0 = E_0 / 16, E_0 the mean ||x - B z - b||^2 of the ITQ start's codes and
+    # their least-squares decoder on the [0, 1]-scaled points (computed here from scratch)
+    Db, _ = digits
+    X = Db[:500]
+    ba = BinaryAutoencoder(8, mu0="auto", itq_iter=0, max_iter=2, validation_size=0,
+                           random_state=0, backend="local").fit(X)
+    lo = X.min(axis=0)
+    Xs = (X - lo) / (X.max(axis=0) - lo).max()
+    _, evecs = np.linalg.eigh(np.cov(Xs.T, bias=True))
+    R, _ = np.linalg.qr(np.random.default_rng([0, 4]).standard_normal((8, 8)))
+    Z = ((Xs - Xs.mean(axis=0)) @ evecs[:, ::-1][:, :8] @ R > 0).astype(float)
+    Z1 = np.hstack([Z, np.ones((len(Z), 1))])
+    res = Xs - Z1 @ np.linalg.lstsq(Z1, Xs, rcond=None)[0]
+    E0 = np.mean(np.sum(res ** 2, axis=1))
+    np.testing.assert_allclose(ba.iteration_history_["mu"][0], E0 / 16, rtol=1e-6)
+    np.testing.assert_allclose(ba.iteration_history_["mu"][1], 1.5 * E0 / 16, rtol=1e-6)
+
+
+def test_early_stopping_ends_the_fit_when_validation_precision_stops_improving(digits):
+    Db, _ = digits
+    kw = dict(w_step="dcd", n_epochs=5, mu0=1e-3, random_state=0, backend="local")
+    full = BinaryAutoencoder(8, **kw).fit(Db)
+    early = BinaryAutoencoder(8, n_iter_no_change=1, **kw).fit(Db)
+    n = early.n_iter_
+    assert early.stop_reason_ == "validation precision stopped improving"
+    # the first iteration that is not better than the best so far ends the fit
+    assert n == early.best_iteration_ + 2 < full.n_iter_
+    prec = full.iteration_history_["precision"]
+    np.testing.assert_array_equal(early.iteration_history_["precision"], prec[:n])
+    if early.best_iteration_ >= 0:
+        assert prec[early.best_iteration_] == prec[:n].max() >= prec[n - 1]
+
+
 def test_dcd_svm_solves_the_l2_loss_svm():
     from sklearn.svm import LinearSVC
 

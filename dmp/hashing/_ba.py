@@ -109,6 +109,9 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
         nearly all of them.  It did not improve the final precision on any data set tried
         (BENCHMARKS.md, "Binary autoencoder against ITQ on real images"), hence the default
         None.
+    n_iter_no_change : int or None, default None
+        Early stopping: end the fit when the validation precision has not improved for
+        this many MAC iterations (None: run until ``Z = h(X)`` or ``max_iter``).
     validation_size : int, default 200
         Held-out training points used as queries of the validation check (0: none).  Their true neighbours are
         searched in up to 20,000 other training points; the result is the model with the
@@ -140,7 +143,7 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
         becomes the per-round history, as in every other dmp estimator.
     n_iter_ : int
     stop_reason_ : str
-        "Z = h(X)" or "schedule ended".
+        "Z = h(X)", "schedule ended" or "validation precision stopped improving".
     best_iteration_ : int
         The iteration whose model was kept (-1: the ITQ initialisation).
     validation_precision_ : float
@@ -157,7 +160,7 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
         **DMPEstimator._parameter_constraints,
         "n_bits": [Interval(numbers.Integral, 1, None, closed="left")],
         "n_epochs": [Interval(numbers.Integral, 1, None, closed="left")],
-        "mu0": [Interval(numbers.Real, 0, None, closed="neither")],
+        "mu0": [Interval(numbers.Real, 0, None, closed="neither"), StrOptions({"auto"})],
         "mu_factor": [Interval(numbers.Real, 1, None, closed="left")],
         "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
         "batch_size": [Interval(numbers.Integral, 1, None, closed="left")],
@@ -168,13 +171,14 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
         "z_method": [StrOptions({"auto", "enumerate", "alternate"})],
         "itq_iter": [Interval(numbers.Integral, 0, None, closed="left")],
         "init_margin": [Interval(numbers.Real, 0, None, closed="neither"), None],
+        "n_iter_no_change": [Interval(numbers.Integral, 1, None, closed="left"), None],
         "validation_size": [Interval(numbers.Integral, 0, None, closed="left")],
         "code_format": [StrOptions({"packed", "bool"})],
     }
 
     def __init__(self, n_bits=16, *, n_epochs=2, mu0=1e-3, mu_factor=1.5, max_iter=30,
                  batch_size=32, alpha=1e-4, w_step="sgd", C=1.0, decoder="exact", z_method="auto", itq_iter=50,
-                 init_margin=None, validation_size=200, code_format="packed", backend="auto",
+                 init_margin=None, n_iter_no_change=None, validation_size=200, code_format="packed", backend="auto",
                  n_workers=None,
                  random_state=None, show_progress=False, callback=None):
         self.n_bits = n_bits
@@ -190,6 +194,7 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
         self.z_method = z_method
         self.itq_iter = itq_iter
         self.init_margin = init_margin
+        self.n_iter_no_change = n_iter_no_change
         self.validation_size = validation_size
         self.code_format = code_format
         self.backend = backend
@@ -311,7 +316,7 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
             mu_factor=self.mu_factor, max_mac_iter=self.max_iter, batch_size=self.batch_size,
             alpha=self.alpha, decoder=self.decoder, z_method=self.z_method,
             itq_iter=self.itq_iter, init_margin=self.init_margin, w_step=self.w_step,
-            C=self.C,
+            C=self.C, n_iter_no_change=self.n_iter_no_change,
             validation=self._validation_set(ds, fit.held, seed), arrivals=fit.held, seed=seed)
 
     def _run_options(self, fit):

@@ -47,6 +47,9 @@ from . import _kernels
 from ._zstep import z_step, z_step_qr
 
 _ROWS = 65536
+#: ``mu0="auto"``: ``mu0 = MU0_AUTO * E_0 / 16``, ``E_0`` the ITQ start's mean reconstruction
+#: error (BENCHMARKS.md, "Binary autoencoder against ITQ on real images")
+MU0_AUTO = 1.0
 #: rows per block of the Z step (its float64 temporaries stay in the caches)
 _Z_ROWS = 4096
 
@@ -198,6 +201,10 @@ class ParMACDriver(DriverState):
     encoder0: tuple | None = field(default=None, repr=False)
     #: what a re-created partition needs besides the model
     settings: dict | None = field(default=None, repr=False)
+    #: mean ||x||^2 of the scaled points; the schedule's mu0 (set at the init round)
+    sq: float | None = None
+    E0: float | None = None
+    mu0: float | None = None
 
 
 class ParMACProgram(Program):
@@ -208,7 +215,9 @@ class ParMACProgram(Program):
     dataset : dense row dataset (`dmp.io.DenseDataset` or `dmp.io.InMemoryDenseDataset`)
     n_bits, n_epochs : int
     mu0, mu_factor : float
-        The penalty schedule ``mu_i = mu0 * mu_factor ** i``.
+        The penalty schedule ``mu_i = mu0 * mu_factor ** i``.  ``mu0`` may be a string
+        ``"auto:k"``: ``mu0 = k * E_0 / 16``, ``E_0`` the mean reconstruction error of the
+        ITQ start (its codes and least-squares decoder), known after the init round.
     max_mac_iter : int
         Length of the schedule.
     batch_size, alpha : int, float
@@ -221,6 +230,8 @@ class ParMACProgram(Program):
         dual coordinate descent on the L2-loss SVM with penalty ``C`` (module docstring).
     C : float
         The DCD SVMs' penalty.
+    n_iter_no_change : int or None
+        Stop when the validation precision has not improved for this many iterations.
     validation : tuple or None
         ``(queries, database, neighbours)``: raw points and, per query, the indices of its
         true Euclidean neighbours in ``database``; the driver's validation check.
@@ -237,7 +248,7 @@ class ParMACProgram(Program):
 
     def __init__(self, dataset, *, n_bits, n_epochs, mu0, mu_factor, max_mac_iter,
                  batch_size, alpha, decoder, z_method, itq_iter, validation, arrivals,
-                 seed, init_margin=None, w_step="sgd", C=1.0):
+                 seed, init_margin=None, w_step="sgd", C=1.0, n_iter_no_change=None):
         super().__init__()
         if decoder not in ("exact", "sgd"):
             raise ValueError(f"decoder must be 'exact' or 'sgd', got {decoder!r}")
@@ -245,7 +256,14 @@ class ParMACProgram(Program):
         self.n_bits = int(n_bits)
         self.n_features = int(dataset.shape[1])
         self.n_epochs = int(n_epochs)
-        self.mu0 = float(mu0)
+        if mu0 == "auto":
+            mu0 = f"auto:{MU0_AUTO}"
+        if isinstance(mu0, str):
+            if not mu0.startswith("auto:"):
+                raise ValueError(f"mu0 must be a number or 'auto:k', got {mu0!r}")
+            self.mu0, self.mu0_rel = None, float(mu0[5:])
+        else:
+            self.mu0, self.mu0_rel = float(mu0), None
         self.mu_factor = float(mu_factor)
         self.max_mac_iter = int(max_mac_iter)
         self.batch_size = int(batch_size)
@@ -255,6 +273,7 @@ class ParMACProgram(Program):
             raise ValueError(f"w_step must be 'sgd' or 'dcd', got {w_step!r}")
         self.w_step = w_step
         self.C = float(C)
+        self.n_iter_no_change = None if n_iter_no_change is None else int(n_iter_no_change)
         self.z_method = z_method
         self.itq_iter = int(itq_iter)
         self.init_margin = None if init_margin is None else float(init_margin)
@@ -270,7 +289,8 @@ class ParMACProgram(Program):
 
     # ------------------------------------------------------------------ helpers
     def mu(self, iteration: int) -> float:
-        return self.mu0 * self.mu_factor ** iteration
+        mu0 = self.mu0 if self.mu0 is not None else self.driver.mu0
+        return mu0 * self.mu_factor ** iteration
 
     @property
     def n_travelling(self) -> int:
@@ -643,6 +663,7 @@ class ParMACProgram(Program):
         rng = np.random.default_rng([self.seed, 4])
         R, _ = np.linalg.qr(rng.standard_normal((self.n_bits, self.n_bits)))
         sq = float(np.trace(cov) + mean @ mean)     # mean ||x||^2 of the scaled points
+        dr.sq = sq
         dr.n, dr.lo, dr.scale, dr.mean, dr.W_pca, dr.R, dr.cov = n, lo, scale, mean, W_pca, R, cov
         # what a re-created partition needs besides the model (after a worker loss)
         dr.settings = {"lo": lo, "scale": scale, "eta_enc": 1.0 / (sq + 1.0),
@@ -657,10 +678,16 @@ class ParMACProgram(Program):
                 evecs[:, ::-1][:, keep] / np.sqrt(evals[::-1][keep]))
         return {"mean": mean, "W_pca": W_pca, "R": R, **dr.settings}
 
-    def _solve(self, partials):
+    def _solve(self, partials, error=False):
         G = np.sum([q["G"] for q in partials], axis=0)
         F = np.sum([q["F"] for q in partials], axis=0)
-        return solve_decoder(G, F)
+        B, b = solve_decoder(G, F)
+        if not error:
+            return B, b
+        # mean ||x - B z - b||^2 from the same sums: ||x||^2 - 2 <theta, F> + <theta, G theta>
+        theta = np.vstack([B.T, b])
+        E = self.driver.sq - (2 * np.sum(theta * F) - np.sum(theta * (G @ theta))) / self.driver.n
+        return B, b, max(float(E), 0.0)
 
     def validation_precision(self, model) -> float:
         """Precision of Hamming ranking on the validation set for ``model``, or nan."""
@@ -707,8 +734,11 @@ class ParMACProgram(Program):
                 dr.phase = "init"
             return Broadcast({"R": dr.R})
         if phase in ("init", "restore"):
-            B, b = self._solve(partials)
+            B, b, E0 = self._solve(partials, error=True)
             if phase == "init":
+                dr.E0 = E0
+                if self.mu0 is None:
+                    dr.mu0 = self.mu0_rel * E0 / 16
                 A, a = dr.encoder0
                 L, D = self.n_bits, self.n_features
                 dr.model = {"A": A, "a": a, "B": B, "b": b, "ta": np.zeros(L, np.int64),
@@ -775,6 +805,9 @@ class ParMACProgram(Program):
                 dr.done, dr.stop_reason = True, "Z = h(X)"
             elif dr.iteration >= self.max_mac_iter:
                 dr.done, dr.stop_reason = True, "schedule ended"
+            elif (self.n_iter_no_change is not None and self._validation is not None
+                  and it - dr.best_iteration >= self.n_iter_no_change and not arriving):
+                dr.done, dr.stop_reason = True, "validation precision stopped improving"
             self._start_iteration()
             if self.decoder == "exact":
                 return Broadcast({"decoder": (B, b)})
