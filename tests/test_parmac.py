@@ -77,6 +77,13 @@ def test_dcd_w_step_on_p_workers_is_serial_cyclic_dual_cd(digits, P):
     np.testing.assert_allclose(ba.intercept_, ref["a"] - A @ ref["lo"], rtol=1e-6,
                                atol=1e-6 * np.abs(ref["a"]).max())
     assert ba.iteration_history_["identical"].all()
+    # what travels (nothing on one worker): per sending round each partition's group id and
+    # its units' weights on the r whitened directions and biases (r: directions of non-zero
+    # variance)
+    ev = np.linalg.eigvalsh(np.cov(X.T))
+    r = int(np.sum(ev > 1e-9 * ev.max()))
+    np.testing.assert_array_equal(ba.iteration_history_["bytes_ring"],
+                                  (P > 1) * (2 * P + P - 1) * (8 * P + 8 * 6 * (r + 1)))
 
 
 def test_auto_mu0_is_the_itq_starts_reconstruction_error_over_16(digits):
