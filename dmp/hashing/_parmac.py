@@ -540,6 +540,7 @@ class ParMACProgram(Program):
                 s["Z"] = H if plan.mu is None else z_step(
                     Xs, m["B"], m["b"], H, plan.mu, method=self.z_method)
                 # the duals were lost with the partitions: the SVMs are solved from w = 0
+                s["Xe"] = None
                 self._reset_duals(s)
                 return self._decoder_sums(s)
             case HopPlan():
