@@ -15,7 +15,10 @@ The travelling units are dealt into P groups.  One MAC iteration (penalty ``mu``
    points (locally shuffled minibatches) on group ``(p + h) mod P`` and hands the group to
    partition ``p - 1`` (worker to worker).  After ``P`` hops every group has seen every point
    once (one epoch).  Then ``P - 1`` communication-only hops pass the final groups round,
-   so every partition holds every submodel.
+   so every partition holds every submodel.  With ``w_step="dcd"`` a hop is one pass of
+   dual coordinate descent instead (L2-loss SVMs on centred, whitened points): each point's
+   duals stay on its partition, only the weights travel, so the P partitions run one cyclic
+   dual coordinate descent over all points, warm-started from the last W step.
 2. **check** -- every partition reports ``E_BA`` and ``||Z - h(X)||^2`` of the new model;
    partition 0 also sends its copy of the model (for the driver's validation precision).
    The driver keeps the model with the best validation precision so far (the result).
@@ -595,8 +598,10 @@ class ParMACProgram(Program):
 
     def partition_nbytes(self, spec):
         # raw float32 points, their scaled copy, float64 temporaries of a block, codes
-        return spec["rows"] * (8 * self.n_features + 2 * self.n_bits) + 16 * _ROWS * max(
-            self.n_features, self.n_bits)
+        per_row = 8 * self.n_features + 2 * self.n_bits
+        if self.w_step == "dcd":     # whitened float64 points, their norms, duals, old codes
+            per_row += 8 * self.n_features + 8 + 9 * self.n_bits
+        return spec["rows"] * per_row + 16 * _ROWS * max(self.n_features, self.n_bits)
 
     def start(self, n_partitions):
         self.driver = ParMACDriver(P=n_partitions, t_phase=time.perf_counter())
