@@ -13,7 +13,7 @@ from dmp.hashing import (BinaryAutoencoder, euclidean_neighbors, hamming_search,
                          retrieval_precision, unpack_codes)
 from dmp.io import make_hashing_mixture
 
-from ba_reference import serial_ba_mac
+from ba_reference import serial_ba_mac, serial_ba_mac_dcd
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +57,91 @@ def test_one_worker_equals_serial_mac_with_sgd(digits, init_margin):
     # the last Z step reached Z = h(X) in both
     assert ba.stop_reason_ == "Z = h(X)" and ref["history"][-1]["penalty"] == 0
     np.testing.assert_array_equal(unpack_codes(ba.transform(ref["X"]), 8), ref["Z"])
+
+
+@pytest.mark.parametrize("P", [1, 3])
+def test_dcd_w_step_on_p_workers_is_serial_cyclic_dual_cd(digits, P):
+    # w_step="dcd": the duals live with their points, the SVM weights travel round the ring,
+    # so P workers run one cyclic dual coordinate descent (against a numpy reference)
+    Db, _ = digits
+    X = Db[:450]
+    kw = dict(n_bits=6, n_epochs=2, mu0=1e-2, mu_factor=2.0, max_iter=4)
+    ref = serial_ba_mac_dcd(X, C=1.0, seed=0, itq_iter=10, n_parts=P, **kw)
+    ba = BinaryAutoencoder(w_step="dcd", C=1.0, itq_iter=10, validation_size=0,
+                           random_state=0, backend="local", n_workers=P, **kw).fit(X)
+    assert ba.n_iter_ == len(ref["history"])
+    np.testing.assert_array_equal(ba.iteration_history_["penalty"],
+                                  [h["penalty"] for h in ref["history"]])
+    A = ref["A"] / ref["scale"]
+    np.testing.assert_allclose(ba.coef_, A, rtol=1e-6, atol=1e-9 * np.abs(A).max())
+    np.testing.assert_allclose(ba.intercept_, ref["a"] - A @ ref["lo"], rtol=1e-6,
+                               atol=1e-6 * np.abs(ref["a"]).max())
+    assert ba.iteration_history_["identical"].all()
+    # what travels (nothing on one worker): per sending round each partition's group id and
+    # its units' weights on the r whitened directions and biases (r: directions of non-zero
+    # variance)
+    ev = np.linalg.eigvalsh(np.cov(X.T))
+    r = int(np.sum(ev > 1e-9 * ev.max()))
+    np.testing.assert_array_equal(ba.iteration_history_["bytes_ring"],
+                                  (P > 1) * (2 * P + P - 1) * (8 * P + 8 * 6 * (r + 1)))
+
+
+def test_auto_mu0_is_the_itq_starts_reconstruction_error_over_16(digits):
+    # mu0="auto": mu0 = E_0 / 16, E_0 the mean ||x - B z - b||^2 of the ITQ start's codes and
+    # their least-squares decoder on the [0, 1]-scaled points (computed here from scratch)
+    Db, _ = digits
+    X = Db[:500]
+    ba = BinaryAutoencoder(8, mu0="auto", itq_iter=0, max_iter=2, validation_size=0,
+                           random_state=0, backend="local").fit(X)
+    lo = X.min(axis=0)
+    Xs = (X - lo) / (X.max(axis=0) - lo).max()
+    _, evecs = np.linalg.eigh(np.cov(Xs.T, bias=True))
+    R, _ = np.linalg.qr(np.random.default_rng([0, 4]).standard_normal((8, 8)))
+    Z = ((Xs - Xs.mean(axis=0)) @ evecs[:, ::-1][:, :8] @ R > 0).astype(float)
+    Z1 = np.hstack([Z, np.ones((len(Z), 1))])
+    res = Xs - Z1 @ np.linalg.lstsq(Z1, Xs, rcond=None)[0]
+    E0 = np.mean(np.sum(res ** 2, axis=1))
+    np.testing.assert_allclose(ba.iteration_history_["mu"][0], E0 / 16, rtol=1e-6)
+    np.testing.assert_allclose(ba.iteration_history_["mu"][1], 1.5 * E0 / 16, rtol=1e-6)
+
+
+def test_early_stopping_ends_the_fit_when_validation_precision_stops_improving(digits):
+    Db, _ = digits
+    kw = dict(w_step="dcd", n_epochs=5, mu0=1e-3, random_state=0, backend="local")
+    full = BinaryAutoencoder(8, **kw).fit(Db)
+    early = BinaryAutoencoder(8, n_iter_no_change=1, **kw).fit(Db)
+    n = early.n_iter_
+    assert early.stop_reason_ == "validation precision stopped improving"
+    # the first iteration that is not better than the best so far ends the fit
+    assert n == early.best_iteration_ + 2 < full.n_iter_
+    prec = full.iteration_history_["precision"]
+    np.testing.assert_array_equal(early.iteration_history_["precision"], prec[:n])
+    if early.best_iteration_ >= 0:
+        assert prec[early.best_iteration_] == prec[:n].max() >= prec[n - 1]
+
+
+def test_dcd_svm_solves_the_l2_loss_svm():
+    from sklearn.svm import LinearSVC
+
+    from dmp.hashing._wstep import dcd_svm
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((300, 5))
+    Y = (X @ rng.standard_normal((5, 3)) + 0.5 * rng.standard_normal((300, 3)) > 0.2)
+    Y = Y.astype(np.uint8)
+    W, b, alpha = np.zeros((3, 5)), np.zeros(3), np.zeros((300, 3))
+    xsq = np.einsum("ij,ij->i", X, X)
+    for _ in range(2000):
+        pg = dcd_svm(W, b, alpha, X, xsq, Y, rng.permutation(300), 2.0, 1.0)
+    assert pg < 1e-6     # LIBLINEAR's measure: the largest projected gradient of a pass
+    for u in range(3):
+        svm = LinearSVC(C=2.0, loss="squared_hinge", dual=True, intercept_scaling=1.0,
+                        tol=1e-10, max_iter=100_000).fit(X, Y[:, u])
+        np.testing.assert_allclose(W[u], svm.coef_[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(b[u], svm.intercept_[0], rtol=1e-5, atol=1e-6)
+        # the duals reproduce the weights
+        y = 2.0 * Y[:, u] - 1
+        np.testing.assert_allclose(W[u], (alpha[:, u] * y) @ X, atol=1e-9)
 
 
 def _patches(n, seed=0):

@@ -72,14 +72,27 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
     n_bits : int, default 16
         Code length ``L`` (at most the number of features).
     n_epochs : int, default 2
-        SGD passes over the data per W step (``e``).
+        Passes over the data per W step (``e``): SGD epochs, or DCD passes with
+        ``w_step="dcd"``.
     mu0, mu_factor : float, default 1e-3, 1.5
         Penalty schedule ``mu_i = mu0 * mu_factor ** i`` (on data scaled to [0, 1]).
     max_iter : int, default 30
         MAC iterations at most; the fit stops earlier when ``Z = h(X)``.
     batch_size : int, default 32
     alpha : float, default 1e-4
-        L2 weight of the SVM units (and of the SGD decoder).
+        L2 weight of the SGD SVM units (and of the SGD decoder).
+    w_step : {"sgd", "dcd"}, default "sgd"
+        How the W step trains the encoder's linear SVMs (one per bit).  "sgd": ``n_epochs``
+        passes of minibatch SGD on the hinge loss, the units warm-started from the last W
+        step.  "dcd": ``n_epochs`` passes of dual coordinate descent (LIBLINEAR's solver) on
+        the L2-loss SVM with penalty ``C``, on centred and whitened inputs (the hash stays a
+        linear threshold function of the raw input); each point's duals live with the point
+        on its worker, the weights travel round the ring as with SGD, so P workers run the
+        same cyclic dual coordinate descent as one, and the duals are warm-started from the
+        last W step (those of code bits the Z step flipped are reset).  Nearly exact SVMs
+        after a few passes.
+    C : float, default 1.0
+        Penalty of the "dcd" SVMs' squared hinge loss, summed over the points.
     decoder : {"exact", "sgd"}, default "exact"
         Solve the decoder from summed normal equations, or train it by SGD on the ring.
     z_method : {"auto", "enumerate", "alternate"}, default "auto"
@@ -96,6 +109,9 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
         nearly all of them.  It did not improve the final precision on any data set tried
         (BENCHMARKS.md, "Binary autoencoder against ITQ on real images"), hence the default
         None.
+    n_iter_no_change : int or None, default None
+        Early stopping: end the fit when the validation precision has not improved for
+        this many MAC iterations (None: run until ``Z = h(X)`` or ``max_iter``).
     validation_size : int, default 200
         Held-out training points used as queries of the validation check (0: none).  Their true neighbours are
         searched in up to 20,000 other training points; the result is the model with the
@@ -127,7 +143,7 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
         becomes the per-round history, as in every other dmp estimator.
     n_iter_ : int
     stop_reason_ : str
-        "Z = h(X)" or "schedule ended".
+        "Z = h(X)", "schedule ended" or "validation precision stopped improving".
     best_iteration_ : int
         The iteration whose model was kept (-1: the ITQ initialisation).
     validation_precision_ : float
@@ -144,22 +160,25 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
         **DMPEstimator._parameter_constraints,
         "n_bits": [Interval(numbers.Integral, 1, None, closed="left")],
         "n_epochs": [Interval(numbers.Integral, 1, None, closed="left")],
-        "mu0": [Interval(numbers.Real, 0, None, closed="neither")],
+        "mu0": [Interval(numbers.Real, 0, None, closed="neither"), StrOptions({"auto"})],
         "mu_factor": [Interval(numbers.Real, 1, None, closed="left")],
         "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
         "batch_size": [Interval(numbers.Integral, 1, None, closed="left")],
         "alpha": [Interval(numbers.Real, 0, None, closed="left")],
+        "w_step": [StrOptions({"sgd", "dcd"})],
+        "C": [Interval(numbers.Real, 0, None, closed="neither")],
         "decoder": [StrOptions({"exact", "sgd"})],
         "z_method": [StrOptions({"auto", "enumerate", "alternate"})],
         "itq_iter": [Interval(numbers.Integral, 0, None, closed="left")],
         "init_margin": [Interval(numbers.Real, 0, None, closed="neither"), None],
+        "n_iter_no_change": [Interval(numbers.Integral, 1, None, closed="left"), None],
         "validation_size": [Interval(numbers.Integral, 0, None, closed="left")],
         "code_format": [StrOptions({"packed", "bool"})],
     }
 
     def __init__(self, n_bits=16, *, n_epochs=2, mu0=1e-3, mu_factor=1.5, max_iter=30,
-                 batch_size=32, alpha=1e-4, decoder="exact", z_method="auto", itq_iter=50,
-                 init_margin=None, validation_size=200, code_format="packed", backend="auto",
+                 batch_size=32, alpha=1e-4, w_step="sgd", C=1.0, decoder="exact", z_method="auto", itq_iter=50,
+                 init_margin=None, n_iter_no_change=None, validation_size=200, code_format="packed", backend="auto",
                  n_workers=None,
                  random_state=None, show_progress=False, callback=None):
         self.n_bits = n_bits
@@ -169,10 +188,13 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
         self.max_iter = max_iter
         self.batch_size = batch_size
         self.alpha = alpha
+        self.w_step = w_step
+        self.C = C
         self.decoder = decoder
         self.z_method = z_method
         self.itq_iter = itq_iter
         self.init_margin = init_margin
+        self.n_iter_no_change = n_iter_no_change
         self.validation_size = validation_size
         self.code_format = code_format
         self.backend = backend
@@ -293,7 +315,8 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
             ds, n_bits=self.n_bits, n_epochs=self.n_epochs, mu0=self.mu0,
             mu_factor=self.mu_factor, max_mac_iter=self.max_iter, batch_size=self.batch_size,
             alpha=self.alpha, decoder=self.decoder, z_method=self.z_method,
-            itq_iter=self.itq_iter, init_margin=self.init_margin,
+            itq_iter=self.itq_iter, init_margin=self.init_margin, w_step=self.w_step,
+            C=self.C, n_iter_no_change=self.n_iter_no_change,
             validation=self._validation_set(ds, fit.held, seed), arrivals=fit.held, seed=seed)
 
     def _run_options(self, fit):

@@ -15,7 +15,10 @@ The travelling units are dealt into P groups.  One MAC iteration (penalty ``mu``
    points (locally shuffled minibatches) on group ``(p + h) mod P`` and hands the group to
    partition ``p - 1`` (worker to worker).  After ``P`` hops every group has seen every point
    once (one epoch).  Then ``P - 1`` communication-only hops pass the final groups round,
-   so every partition holds every submodel.
+   so every partition holds every submodel.  With ``w_step="dcd"`` a hop is one pass of
+   dual coordinate descent instead (L2-loss SVMs on centred, whitened points): each point's
+   duals stay on its partition, only the weights travel, so the P partitions run one cyclic
+   dual coordinate descent over all points, warm-started from the last W step.
 2. **check** -- every partition reports ``E_BA`` and ``||Z - h(X)||^2`` of the new model;
    partition 0 also sends its copy of the model (for the driver's validation precision).
    The driver keeps the model with the best validation precision so far (the result).
@@ -41,11 +44,15 @@ import numpy as np
 from ..engine.program import Broadcast, DriverState, Message, Program, Sends, unexpected
 from ._itq import procrustes
 from ._retrieval import hamming_search, pack_codes, retrieval_precision
-from ._wstep import decoder_normal_equations, sgd_linear, sgd_svm, solve_decoder
+from ._wstep import (dcd_relabel, dcd_svm, decoder_normal_equations, sgd_linear, sgd_svm,
+                     solve_decoder)
 from . import _kernels
 from ._zstep import z_step, z_step_qr
 
 _ROWS = 65536
+#: ``mu0="auto"``: ``mu0 = MU0_AUTO * E_0 / 16``, ``E_0`` the ITQ start's mean reconstruction
+#: error (BENCHMARKS.md, "Binary autoencoder against ITQ on real images")
+MU0_AUTO = 1.0
 #: rows per block of the Z step (its float64 temporaries stay in the caches)
 _Z_ROWS = 4096
 
@@ -197,6 +204,10 @@ class ParMACDriver(DriverState):
     encoder0: tuple | None = field(default=None, repr=False)
     #: what a re-created partition needs besides the model
     settings: dict | None = field(default=None, repr=False)
+    #: mean ||x||^2 of the scaled points; the schedule's mu0 (set at the init round)
+    sq: float | None = None
+    E0: float | None = None
+    mu0: float | None = None
 
 
 class ParMACProgram(Program):
@@ -207,7 +218,9 @@ class ParMACProgram(Program):
     dataset : dense row dataset (`dmp.io.DenseDataset` or `dmp.io.InMemoryDenseDataset`)
     n_bits, n_epochs : int
     mu0, mu_factor : float
-        The penalty schedule ``mu_i = mu0 * mu_factor ** i``.
+        The penalty schedule ``mu_i = mu0 * mu_factor ** i``.  ``mu0`` may be a string
+        ``"auto:k"``: ``mu0 = k * E_0 / 16``, ``E_0`` the mean reconstruction error of the
+        ITQ start (its codes and least-squares decoder), known after the init round.
     max_mac_iter : int
         Length of the schedule.
     batch_size, alpha : int, float
@@ -215,6 +228,13 @@ class ParMACProgram(Program):
     decoder : {"exact", "sgd"}
     z_method : {"auto", "enumerate", "alternate"}
     itq_iter : int
+    w_step : {"sgd", "dcd"}
+        The encoder's SVMs: ``n_epochs`` passes of minibatch SGD on the hinge loss, or of
+        dual coordinate descent on the L2-loss SVM with penalty ``C`` (module docstring).
+    C : float
+        The DCD SVMs' penalty.
+    n_iter_no_change : int or None
+        Stop when the validation precision has not improved for this many iterations.
     validation : tuple or None
         ``(queries, database, neighbours)``: raw points and, per query, the indices of its
         true Euclidean neighbours in ``database``; the driver's validation check.
@@ -231,7 +251,7 @@ class ParMACProgram(Program):
 
     def __init__(self, dataset, *, n_bits, n_epochs, mu0, mu_factor, max_mac_iter,
                  batch_size, alpha, decoder, z_method, itq_iter, validation, arrivals,
-                 seed, init_margin=None):
+                 seed, init_margin=None, w_step="sgd", C=1.0, n_iter_no_change=None):
         super().__init__()
         if decoder not in ("exact", "sgd"):
             raise ValueError(f"decoder must be 'exact' or 'sgd', got {decoder!r}")
@@ -239,12 +259,24 @@ class ParMACProgram(Program):
         self.n_bits = int(n_bits)
         self.n_features = int(dataset.shape[1])
         self.n_epochs = int(n_epochs)
-        self.mu0 = float(mu0)
+        if mu0 == "auto":
+            mu0 = f"auto:{MU0_AUTO}"
+        if isinstance(mu0, str):
+            if not mu0.startswith("auto:"):
+                raise ValueError(f"mu0 must be a number or 'auto:k', got {mu0!r}")
+            self.mu0, self.mu0_rel = None, float(mu0[5:])
+        else:
+            self.mu0, self.mu0_rel = float(mu0), None
         self.mu_factor = float(mu_factor)
         self.max_mac_iter = int(max_mac_iter)
         self.batch_size = int(batch_size)
         self.alpha = float(alpha)
         self.decoder = decoder
+        if w_step not in ("sgd", "dcd"):
+            raise ValueError(f"w_step must be 'sgd' or 'dcd', got {w_step!r}")
+        self.w_step = w_step
+        self.C = float(C)
+        self.n_iter_no_change = None if n_iter_no_change is None else int(n_iter_no_change)
         self.z_method = z_method
         self.itq_iter = int(itq_iter)
         self.init_margin = None if init_margin is None else float(init_margin)
@@ -260,7 +292,8 @@ class ParMACProgram(Program):
 
     # ------------------------------------------------------------------ helpers
     def mu(self, iteration: int) -> float:
-        return self.mu0 * self.mu_factor ** iteration
+        mu0 = self.mu0 if self.mu0 is not None else self.driver.mu0
+        return mu0 * self.mu_factor ** iteration
 
     @property
     def n_travelling(self) -> int:
@@ -296,7 +329,7 @@ class ParMACProgram(Program):
     def apply(self, s, update):
         if update is None:
             return
-        for key in ("lo", "scale", "mean", "W_pca", "R", "eta_enc", "eta_dec"):
+        for key in ("lo", "scale", "mean", "W_pca", "R", "eta_enc", "eta_dec", "white"):
             if key in update:
                 s[key] = update[key]
         if "decoder" in update and s["model"] is not None:
@@ -315,9 +348,12 @@ class ParMACProgram(Program):
         g, unit = msg
         m = s["model"]
         enc, dec = self._groups(s["P"])
-        m["A"][enc[g]] = unit["A"]
-        m["a"][enc[g]] = unit["a"]
-        m["ta"][enc[g]] = unit["ta"]
+        if self.w_step == "dcd":
+            self._set_dcd_units(s, enc[g], unit["Aw"], unit["aw"])
+        else:
+            m["A"][enc[g]] = unit["A"]
+            m["a"][enc[g]] = unit["a"]
+            m["ta"][enc[g]] = unit["ta"]
         if self.decoder == "sgd":
             m["B"][dec[g]] = unit["B"]
             m["b"][dec[g]] = unit["b"]
@@ -332,7 +368,10 @@ class ParMACProgram(Program):
     def _group_payload(self, s, g):
         m = s["model"]
         enc, dec = self._groups(s["P"])
-        unit = {"A": m["A"][enc[g]], "a": m["a"][enc[g]], "ta": m["ta"][enc[g]]}
+        if self.w_step == "dcd":    # the hash on scaled points follows from these
+            unit = {"Aw": m["Aw"][enc[g]], "aw": m["aw"][enc[g]]}
+        else:
+            unit = {"A": m["A"][enc[g]], "a": m["a"][enc[g]], "ta": m["ta"][enc[g]]}
         if self.decoder == "sgd":
             unit.update(B=m["B"][dec[g]], b=m["b"][dec[g]], tb=m["tb"][dec[g]])
         return unit
@@ -347,7 +386,9 @@ class ParMACProgram(Program):
         rng = np.random.default_rng([self.seed, 3, plan.iteration, plan.hop, s["p"]])
         order = minibatch_order(len(Xs), self.batch_size, rng)
         idx = enc[g]
-        if len(idx):
+        if len(idx) and self.w_step == "dcd":
+            self._dcd_group(s, idx, plan)
+        elif len(idx):
             W, bias, steps = m["A"][idx], m["a"][idx], m["ta"][idx]
             sgd_svm(W, bias, steps, Xs, np.ascontiguousarray(Z[:, idx]), order,
                     self.batch_size, self.alpha, s["eta_enc"])
@@ -358,6 +399,56 @@ class ParMACProgram(Program):
             sgd_linear(W, bias, steps, Z, Xs, idx.astype(np.int64), order, self.batch_size,
                        self.alpha, s["eta_dec"])
             m["B"][idx], m["b"][idx], m["tb"][idx] = W, bias, steps
+
+    def _white(self, s):
+        """The partition's points as the DCD SVMs see them: centred and whitened,
+        ``u = (x - mean) V`` (float64, kept), with their squared norms."""
+        if s.get("Xe") is None:
+            Xs = s["Xs"]
+            V = s["white"]
+            Xe = np.empty((len(Xs), V.shape[1]))
+            for r in range(0, len(Xs), _ROWS):
+                Xe[r:r + _ROWS] = (Xs[r:r + _ROWS] - s["mean"]) @ V
+            s["Xe"], s["xsq"] = Xe, np.einsum("ij,ij->i", Xe, Xe)
+        return s["Xe"], s["xsq"]
+
+    def _dcd_group(self, s, idx, plan):
+        """One pass of dual coordinate descent over this partition's points for the units
+        ``idx``; the duals of the points live here.  On a group's first visit in a W step,
+        the duals of labels the Z step changed are reset (and their terms taken out of the
+        travelling weights), so that every unit's ``w = sum_n alpha_n y_n u_n`` holds."""
+        Xe, xsq = self._white(s)
+        m = s["model"]
+        W, bias = m["Aw"][idx], m["aw"][idx]
+        alpha = np.ascontiguousarray(s["alpha"][:, idx])
+        Z = np.ascontiguousarray(s["Z"][:, idx])
+        if plan.hop < s["P"]:
+            dcd_relabel(W, bias, alpha, Xe, np.ascontiguousarray(s["Zw"][:, idx]), Z, 1.0)
+            s["Zw"][:, idx] = Z
+        rng = np.random.default_rng([self.seed, 3, plan.iteration, plan.hop, s["p"]])
+        dcd_svm(W, bias, alpha, Xe, xsq, Z, rng.permutation(len(Xe)).astype(np.int64),
+                self.C, 1.0)
+        s["alpha"][:, idx] = alpha
+        self._set_dcd_units(s, idx, W, bias)
+
+    @staticmethod
+    def _set_dcd_units(s, idx, W, bias):
+        """Write DCD units (weights on whitened points) and the hash they give on the
+        [0, 1]-scaled points, ``A x + a = w (x - mean) V + b``, into the model."""
+        m = s["model"]
+        m["Aw"][idx], m["aw"][idx] = W, bias
+        A = W @ s["white"].T
+        m["A"][idx], m["a"][idx] = A, bias - A @ s["mean"]
+
+    def _reset_duals(self, s):
+        """DCD units start from ``w = 0`` with every dual 0 (the start, after a restore)."""
+        if self.w_step != "dcd":
+            return
+        m = s["model"]
+        r = s["white"].shape[1]
+        m["Aw"], m["aw"] = np.zeros((self.n_bits, r)), np.zeros(self.n_bits)
+        s["alpha"] = np.zeros((len(s["Xs"]), self.n_bits))
+        s["Zw"] = s["Z"].copy()
 
     def _z_round(self, s, mu):
         """The Z step over this partition's points, a block of rows at a time (float64
@@ -406,6 +497,11 @@ class ParMACProgram(Program):
         m = s["model"]
         s["Xs"] = np.concatenate([s["Xs"], Xs])
         s["Z"] = np.concatenate([s["Z"], encode_rows(Xs, m["A"], m["a"])])
+        if self.w_step == "dcd":
+            s["Xe"] = None
+            n_new = len(Xs)
+            s["alpha"] = np.concatenate([s["alpha"], np.zeros((n_new, self.n_bits))])
+            s["Zw"] = np.concatenate([s["Zw"], s["Z"][-n_new:]])
 
     def push(self, s, plan):
         if not isinstance(plan, _PLANS):
@@ -438,6 +534,7 @@ class ParMACProgram(Program):
                               "ta": np.zeros(L, dtype=np.int64), "B": np.zeros((D, L)),
                               "b": np.zeros(D), "tb": np.zeros(D, dtype=np.int64)}
                 s["Z"] = encode_rows(Xs, s["model"]["A"], s["model"]["a"])
+                self._reset_duals(s)
                 return self._decoder_sums(s)
             case RestorePlan():
                 s["model"] = {k: np.array(v) for k, v in plan.model.items()}
@@ -445,6 +542,9 @@ class ParMACProgram(Program):
                 H = encode_rows(Xs, m["A"], m["a"])
                 s["Z"] = H if plan.mu is None else z_step(
                     Xs, m["B"], m["b"], H, plan.mu, method=self.z_method)
+                # the duals were lost with the partitions: the SVMs are solved from w = 0
+                s["Xe"] = None
+                self._reset_duals(s)
                 return self._decoder_sums(s)
             case HopPlan():
                 h = plan.hop
@@ -474,7 +574,8 @@ class ParMACProgram(Program):
                        "penalty": int(np.count_nonzero(H != s["Z"])),
                        "digest": _digest(m)}
                 if p == 0:
-                    out["model"] = {k: m[k].copy() for k in ("A", "a", "B", "b", "ta", "tb")}
+                    out["model"] = {k: m[k].copy() for k in ("A", "a", "B", "b", "ta", "tb",
+                                                             "Aw", "aw") if k in m}
                 return out
             case ZPlan():
                 out = self._z_round(s, plan.mu)
@@ -497,8 +598,10 @@ class ParMACProgram(Program):
 
     def partition_nbytes(self, spec):
         # raw float32 points, their scaled copy, float64 temporaries of a block, codes
-        return spec["rows"] * (8 * self.n_features + 2 * self.n_bits) + 16 * _ROWS * max(
-            self.n_features, self.n_bits)
+        per_row = 8 * self.n_features + 2 * self.n_bits
+        if self.w_step == "dcd":     # whitened float64 points, their norms, duals, old codes
+            per_row += 8 * self.n_features + 8 + 9 * self.n_bits
+        return spec["rows"] * per_row + 16 * _ROWS * max(self.n_features, self.n_bits)
 
     def start(self, n_partitions):
         self.driver = ParMACDriver(P=n_partitions, t_phase=time.perf_counter())
@@ -566,16 +669,31 @@ class ParMACProgram(Program):
         rng = np.random.default_rng([self.seed, 4])
         R, _ = np.linalg.qr(rng.standard_normal((self.n_bits, self.n_bits)))
         sq = float(np.trace(cov) + mean @ mean)     # mean ||x||^2 of the scaled points
+        dr.sq = sq
         dr.n, dr.lo, dr.scale, dr.mean, dr.W_pca, dr.R, dr.cov = n, lo, scale, mean, W_pca, R, cov
         # what a re-created partition needs besides the model (after a worker loss)
         dr.settings = {"lo": lo, "scale": scale, "eta_enc": 1.0 / (sq + 1.0),
                           "eta_dec": 1.0 / (self.n_bits / 2 + 1.0)}
+        if self.w_step == "dcd":
+            # the DCD SVMs see centred, whitened points (directions of variance above a
+            # relative 1e-9): on [0, 1]-scaled raw points dual CD with a large C needs
+            # hundreds of passes (BENCHMARKS.md, issue 27), on whitened ones a few
+            keep = evals[::-1] > 1e-9 * max(float(evals[-1]), 1e-300)
+            dr.settings["mean"] = mean
+            dr.settings["white"] = np.ascontiguousarray(
+                evecs[:, ::-1][:, keep] / np.sqrt(evals[::-1][keep]))
         return {"mean": mean, "W_pca": W_pca, "R": R, **dr.settings}
 
-    def _solve(self, partials):
+    def _solve(self, partials, error=False):
         G = np.sum([q["G"] for q in partials], axis=0)
         F = np.sum([q["F"] for q in partials], axis=0)
-        return solve_decoder(G, F)
+        B, b = solve_decoder(G, F)
+        if not error:
+            return B, b
+        # mean ||x - B z - b||^2 from the same sums: ||x||^2 - 2 <theta, F> + <theta, G theta>
+        theta = np.vstack([B.T, b])
+        E = self.driver.sq - (2 * np.sum(theta * F) - np.sum(theta * (G @ theta))) / self.driver.n
+        return B, b, max(float(E), 0.0)
 
     def validation_precision(self, model) -> float:
         """Precision of Hamming ranking on the validation set for ``model``, or nan."""
@@ -622,8 +740,11 @@ class ParMACProgram(Program):
                 dr.phase = "init"
             return Broadcast({"R": dr.R})
         if phase in ("init", "restore"):
-            B, b = self._solve(partials)
+            B, b, E0 = self._solve(partials, error=True)
             if phase == "init":
+                dr.E0 = E0
+                if self.mu0 is None:
+                    dr.mu0 = self.mu0_rel * E0 / 16
                 A, a = dr.encoder0
                 L, D = self.n_bits, self.n_features
                 dr.model = {"A": A, "a": a, "B": B, "b": b, "ta": np.zeros(L, np.int64),
@@ -690,6 +811,9 @@ class ParMACProgram(Program):
                 dr.done, dr.stop_reason = True, "Z = h(X)"
             elif dr.iteration >= self.max_mac_iter:
                 dr.done, dr.stop_reason = True, "schedule ended"
+            elif (self.n_iter_no_change is not None and self._validation is not None
+                  and it - dr.best_iteration >= self.n_iter_no_change and not arriving):
+                dr.done, dr.stop_reason = True, "validation precision stopped improving"
             self._start_iteration()
             if self.decoder == "exact":
                 return Broadcast({"decoder": (B, b)})

@@ -121,3 +121,73 @@ def solve_decoder(G, F, ridge: float = 1e-8):
 def encode(X, W, bias) -> np.ndarray:
     """``h(x) = step(W x + bias)`` as uint8 codes (points x bits)."""
     return (np.asarray(X, dtype=np.float64) @ W.T + bias > 0).astype(np.uint8)
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def dcd_svm(W, bias, alpha, X, xsq, Y, order, C, beta):
+    """One pass of dual coordinate descent (Hsieh et al. 2008, LIBLINEAR's solver of the
+    L2-loss linear SVM) for each unit, over the points in ``order``.
+
+    Unit u minimises ``1/2 (||w||^2 + (b / beta)^2) + C sum_n max(0, 1 - y_n (w x_n + b))^2``
+    with ``y = 2 z - 1`` (the bias is a regularised weight on a constant feature ``beta``,
+    as LIBLINEAR's ``-B beta``) through its duals ``alpha`` (N, m), one per point and
+    unit, with ``w = sum_n alpha_n y_n x_n`` and ``b = beta^2 sum_n alpha_n y_n``.  ``W``
+    (m, D), ``bias`` (m,), ``alpha`` are updated in place and must be consistent on entry
+    (``alpha = 0`` with ``W = 0``, ``bias = 0`` to start).  ``xsq`` (N,) holds ``||x_n||^2``,
+    ``Y`` (N, m) the 0/1 labels.  Each point is read once for all units.  Returns the largest
+    projected-gradient magnitude met (LIBLINEAR's stopping measure).
+    """
+    m, D = W.shape
+    N = order.shape[0]
+    half_c = 0.5 / C
+    b2 = beta * beta
+    xb = np.empty(D)
+    pg_max = 0.0
+    for s in range(N):
+        n = order[s]
+        for d in range(D):
+            xb[d] = X[n, d]
+        qii = xsq[n] + b2 + half_c
+        for u in range(m):
+            y = 2.0 * Y[n, u] - 1.0
+            f = bias[u]
+            for d in range(D):
+                f += W[u, d] * xb[d]
+            a0 = alpha[n, u]
+            g = y * f - 1.0 + half_c * a0
+            pg = g if a0 > 0.0 else min(g, 0.0)
+            if pg == 0.0:
+                continue
+            if abs(pg) > pg_max:
+                pg_max = abs(pg)
+            a1 = max(a0 - g / qii, 0.0)
+            step = (a1 - a0) * y
+            if step != 0.0:
+                alpha[n, u] = a1
+                for d in range(D):
+                    W[u, d] += step * xb[d]
+                bias[u] += step * b2
+    return pg_max
+
+
+@njit(cache=True, nogil=True)
+def dcd_relabel(W, bias, alpha, X, Yold, Ynew, beta):
+    """Labels that changed (``Yold != Ynew``): their duals are reset to 0 and their terms
+    taken out of ``W``, ``bias``, so that the duals stay consistent with the new labels (the
+    warm start of the next W step).  Returns the number of duals reset."""
+    m, D = W.shape
+    N = X.shape[0]
+    b2 = beta * beta
+    reset = 0
+    for n in range(N):
+        for u in range(m):
+            if Yold[n, u] != Ynew[n, u]:
+                a0 = alpha[n, u]
+                if a0 != 0.0:
+                    step = -a0 * (2.0 * Yold[n, u] - 1.0)
+                    for d in range(D):
+                        W[u, d] += step * X[n, d]
+                    bias[u] += step * b2
+                    alpha[n, u] = 0.0
+                    reset += 1
+    return reset
