@@ -216,7 +216,7 @@ def speedup(n_points, dim, bits, repeats, max_iter, log):
     runs = []
     with dask.config.set(QUIET_DASK), tempfile.TemporaryDirectory() as tmp, \
             LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                         dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+                         dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster, \
             Client(cluster):
         ds = write_dense(f"{tmp}/points.zarr", X, n_shards=2)
         del X

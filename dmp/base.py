@@ -176,10 +176,11 @@ class DMPEstimator(SharedBackendMixin, BaseEstimator):
             fit.backend.close()
             if fit.scratch is not None:
                 shutil.rmtree(fit.scratch, ignore_errors=True)
+        # the model's own attributes first: one it cannot set leaves no sign of a fit
+        self._set_fitted(fit, result)
         setattr(self, self._rounds_attribute, history_arrays(result.history))
         self.recoveries_ = result.recoveries
         self.wall_time_ = result.wall_s
-        self._set_fitted(fit, result)
         message = self._convergence_warning(fit, result)
         if message:
             warnings.warn(message, ConvergenceWarning, stacklevel=3)

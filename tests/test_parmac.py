@@ -349,3 +349,16 @@ def test_bad_settings_are_named(digits):
         ba.transform(Q[:, :10])
     with pytest.raises(ValueError, match="codes must be"):
         ba.inverse_transform(np.zeros((3, 5), dtype=np.uint8))
+
+
+def test_a_callback_stopping_before_the_first_model_is_refused_and_leaves_no_fit(digits):
+    Db, _ = digits
+    ba = BinaryAutoencoder(8, backend="local", max_iter=2,
+                           callback=lambda r, record: record["phase"] == "itq")
+    with pytest.raises(RuntimeError, match="before the ITQ initialisation had made a model"):
+        ba.fit(Db[:400])
+    assert not [k for k in vars(ba) if k.endswith("_")]
+    # stopped once a model exists, it is that model
+    ba.set_params(callback=lambda r, record: record["phase"] not in ("stats", "itq"))
+    assert ba.fit(Db[:400]).coef_.shape == (8, 64)
+

@@ -325,6 +325,12 @@ class BinaryAutoencoder(TransformerMixin, DMPEstimator):
     def _set_fitted(self, fit, result):
         dr = fit.program.driver
         model = dr["best"] if dr.get("best") is not None else dr["model"]
+        if model is None:
+            raise RuntimeError(
+                f"{type(self).__name__}: the callback stopped the fit after round "
+                f"{len(result.history) - 1}, before the ITQ initialisation had made a model; "
+                f"nothing was fitted (stop it only after the rounds whose record's "
+                f"'phase' is 'stats' or 'itq')")
         lo, scale = dr["lo"], dr["scale"]
         # fold the [0, 1] scaling into the raw-input hash function and decoder
         self.coef_ = model["A"] / scale
