@@ -8,7 +8,9 @@ backend and the numpy reference in the tests consume the same stream).
 Two samplers draw from the same conditional
 ``p(z = k) ∝ (n_dk + alpha) (n_wk + beta) / (n_k + V beta)`` (counts without the token):
 
-* ``dense``: inverse CDF over the K topics in order, O(K) per token (the reference);
+* ``dense``: inverse CDF over the K topics in order, O(K) per token, on a dense row of the
+  document's counts (unpacked from its pairs for the call): few branches and sums that
+  vectorise, the fastest below ``DENSE_MAX_TOPICS``;
 * ``sparse`` (STRADS "sample by word"): for the current word, ``phi_k = (n_wk + beta) /
   (n_k + V beta)`` and the dense bucket ``X = alpha sum_k phi_k`` are kept up to date
   incrementally; the document bucket ``Y = sum_{k: n_dk > 0} n_dk phi_k`` runs over the
@@ -25,7 +27,8 @@ a new topic is appended, so the order is part of the sampler's state (the numpy 
 reproduces it).  The sparse sampler takes a token's count off its topic while it computes the
 document bucket (the topic's pair stays, with its smaller count, during the draw); after the
 draw a new topic takes that pair if it is empty (else goes at the end), and a pair left
-empty is replaced by the last one.  No D x K table is kept.
+empty is replaced by the last one.  No D x K table is kept between calls (the dense
+sampler unpacks the lists into one for the call).
 """
 
 from __future__ import annotations
@@ -122,36 +125,99 @@ def count_block(t0, t1, tok_row, tok_doc, z, n_wk):
         n_wk[tok_row[i], z[i]] += 1
 
 
+#: below this many topics ``sampler="auto"`` takes the dense sampler: its O(K) per token,
+#: vectorised over the topics, beats the sparse sampler's O(K_d) with its branches up to
+#: about K = 50 (BENCHMARKS.md, "LDA at small K")
+DENSE_MAX_TOPICS = 40
+
+# the dense sampler's sums over the topics may be reassociated (vectorised); nothing else is
+# relaxed (no reciprocal approximations, NaN or infinity assumptions)
+_VECTOR_SUMS = {"reassoc", "contract", "nsz"}
+
+
 @njit(cache=True, nogil=True)
-def sample_dense(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
-                 dnz_ptr, dnz, dnz_cnt, row, cdf):
-    """O(K) collapsed Gibbs sweep over tokens ``[t0, t1)`` (the reference sampler)."""
+def pairs_to_dense(dnz_ptr, dnz, dnz_cnt, n_dk):
+    """Add the documents' ``[topic, count]`` pairs to the rows of ``n_dk`` (zero on entry)."""
+    for d in range(dnz_cnt.shape[0]):
+        base = dnz_ptr[d]
+        for j in range(dnz_cnt[d]):
+            n_dk[d, dnz[base + j, 0]] = dnz[base + j, 1]
+
+
+@njit(cache=True, nogil=True)
+def dense_to_pairs(n_dk, dnz_ptr, dnz, dnz_cnt):
+    """The rows of ``n_dk`` as pair lists (each document's topics in increasing order);
+    leaves ``n_dk`` zero."""
+    D, K = n_dk.shape
+    for d in range(D):
+        base = dnz_ptr[d]
+        n = 0
+        for k in range(K):
+            c = n_dk[d, k]
+            if c != 0:
+                dnz[base + n, 0] = k
+                dnz[base + n, 1] = c
+                n += 1
+                n_dk[d, k] = 0
+        dnz_cnt[d] = n
+
+
+@njit(cache=True, nogil=True, fastmath=_VECTOR_SUMS)
+def _sample_dense_rows(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
+                       n_dk, phi, p):
     K = n_k.shape[0]
+    w_prev = -1
     for i in range(t0, t1):
         d = tok_doc[i]
         w = tok_row[i]
         k = z[i]
-        base = dnz_ptr[d]
-        nd = _dnz_decrement(dnz, base, dnz_cnt[d], k)
+        if w != w_prev:
+            # new word: phi_k = (n_wk + beta) / (n_k + V beta), then kept up to date with
+            # the two changes of each token
+            for j in range(K):
+                phi[j] = (n_wk[w, j] + beta) / (n_k[j] + vbeta)
+            w_prev = w
+        n_dk[d, k] -= 1
         n_wk[w, k] -= 1
         n_k[k] -= 1
-        row[:] = 0.0
-        for j in range(nd):
-            row[dnz[base + j, 0]] = dnz[base + j, 1]
+        phi[k] = (n_wk[w, k] + beta) / (n_k[k] + vbeta)
+        # the unnormalised conditional and its total: K independent products and a sum,
+        # which vectorise; then the inverse CDF in topic order
         total = 0.0
         for j in range(K):
-            total += (row[j] + alpha) * (n_wk[w, j] + beta) / (n_k[j] + vbeta)
-            cdf[j] = total
+            q = (n_dk[d, j] + alpha) * phi[j]
+            p[j] = q
+            total += q
         target = u[i - t0] * total
+        acc = 0.0
         k = K - 1
         for j in range(K):
-            if target < cdf[j]:
+            acc += p[j]
+            if target < acc:
                 k = j
                 break
         z[i] = k
-        dnz_cnt[d] = _dnz_increment(dnz, base, nd, k, -1)
+        n_dk[d, k] += 1
         n_wk[w, k] += 1
         n_k[k] += 1
+        phi[k] = (n_wk[w, k] + beta) / (n_k[k] + vbeta)
+
+
+@njit(cache=True, nogil=True)
+def sample_dense(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
+                 dnz_ptr, dnz, dnz_cnt, n_dk, phi, p):
+    """O(K) collapsed Gibbs sweep over tokens ``[t0, t1)``: inverse CDF over the K topics in
+    order (as the numpy reference), the fastest sampler at small K.
+
+    The documents' pair lists are unpacked into ``n_dk`` (a documents x topics float64
+    scratch, zero on entry and left zero) for the call, so that a token's conditional is a
+    contiguous K-wide row, and packed back after it (topics in increasing order).  ``phi``
+    and ``p``: K floats of scratch.
+    """
+    pairs_to_dense(dnz_ptr, dnz, dnz_cnt, n_dk)
+    _sample_dense_rows(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta, n_dk,
+                       phi, p)
+    dense_to_pairs(n_dk, dnz_ptr, dnz, dnz_cnt)
 
 
 # below this many topics a linear scan of the dense bucket beats keeping the Fenwick tree

@@ -210,7 +210,9 @@ class LDAProgram(Program):
     n_topics, alpha, beta : int, float, float
     n_sweeps : int
         Gibbs sweeps after the counting rotation.
-    sampler : {"sparse", "dense"}
+    sampler : {"sparse", "dense", "auto"}
+        ``"auto"``: dense up to ``DENSE_MAX_TOPICS`` topics, else sparse (`sampler` holds
+        the one picked).
     seed : int
     """
 
@@ -222,8 +224,10 @@ class LDAProgram(Program):
 
     def __init__(self, dataset, *, n_topics, alpha, beta, n_sweeps, sampler, seed):
         super().__init__()
-        if sampler not in ("sparse", "dense"):
-            raise ValueError(f"sampler must be 'sparse' or 'dense', got {sampler!r}")
+        if sampler not in ("sparse", "dense", "auto"):
+            raise ValueError(f"sampler must be 'sparse', 'dense' or 'auto', got {sampler!r}")
+        if sampler == "auto":
+            sampler = "dense" if n_topics <= kernels.DENSE_MAX_TOPICS else "sparse"
         self.dataset = dataset
         self.n_topics = int(n_topics)
         self.alpha = float(alpha)
@@ -367,9 +371,12 @@ class LDAProgram(Program):
                                   self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz"],
                                   s["dnz_cnt"], s["phi"], s["buf"], s["tree"])
         else:
+            if "n_dk" not in s:
+                # the dense sampler's documents x topics scratch (zero between calls)
+                s["n_dk"] = np.zeros((len(s["doc_len"]), self.n_topics))
             kernels.sample_dense(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table, n_k, u,
                                  self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz"],
-                                 s["dnz_cnt"], s["phi"], s["buf"])
+                                 s["dnz_cnt"], s["n_dk"], s["phi"], s["buf"])
         dn = n_k - before
         partial = {"dn_k": dn, "tokens": t1 - t0}
         if plan.last:
