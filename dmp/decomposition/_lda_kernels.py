@@ -432,6 +432,17 @@ def word_loglik(n_wk, beta):
 
 
 @njit(cache=True, nogil=True)
+def topic_loglik(n_k, vbeta):
+    """``-sum_k lgG(n_k + V b)``: the topic totals' part of log p(w, z) (the driver's, once
+    per sweep: compiled, as a Python loop over K numpy scalars costs more than the rest of a
+    small corpus's scoring)."""
+    total = 0.0
+    for k in range(n_k.shape[0]):
+        total -= math.lgamma(n_k[k] + vbeta)
+    return total
+
+
+@njit(cache=True, nogil=True)
 def fold_in(doc_ptr, tok_word, phi_wk, alpha, n_iter, u, z, theta):
     """Gibbs fold-in with the topics fixed: ``p(z = k) ∝ (n_dk + alpha) phi_wk``.
 

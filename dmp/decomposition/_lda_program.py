@@ -570,7 +570,7 @@ class LDAProgram(Program):
         if partials[0].get("ll_doc") is not None:
             Kt, V, b = self.n_topics, self.n_words, self.beta
             ll = sum(q["ll_doc"] + q["ll_word"] for q in partials)
-            ll += Kt * math.lgamma(V * b) - sum(math.lgamma(c + V * b) for c in dr.n_k)
+            ll += Kt * math.lgamma(V * b) + kernels.topic_loglik(dr.n_k, V * b)
             dr.ll = ll
             dr.sweep += 1
             now = max(q["t_end"] for q in partials)
