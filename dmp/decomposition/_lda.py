@@ -100,7 +100,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
     sampler : {"auto", "sparse", "dense"}, default "auto"
         ``"sparse"``: STRADS "sample by word", cost per token growing with the topics present
         in the document; ``"dense"``: O(K) per token, vectorised over the topics (the
-        faster one at small K); ``"auto"``: dense up to 40 topics, else sparse.  All draw
+        faster one at small K); ``"auto"``: dense up to 50 topics, else sparse.  All draw
         from the same conditional distribution.
     transform_max_iter : int, default 50
         Gibbs fold-in sweeps of `transform` (the second half is averaged).

@@ -128,7 +128,7 @@ def count_block(t0, t1, tok_row, tok_doc, z, n_wk):
 #: below this many topics ``sampler="auto"`` takes the dense sampler: its O(K) per token,
 #: vectorised over the topics, beats the sparse sampler's O(K_d) with its branches up to
 #: about K = 50 (BENCHMARKS.md, "LDA at small K")
-DENSE_MAX_TOPICS = 40
+DENSE_MAX_TOPICS = 50
 
 # the dense sampler's sums over the topics may be reassociated (vectorised); nothing else is
 # relaxed (no reciprocal approximations, NaN or infinity assumptions)
