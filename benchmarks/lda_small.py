@@ -6,11 +6,13 @@ Run from the repository root with the project's environment (tomotopy and lda ar
 
     python benchmarks/lda_small.py                       # 4 corpora, K = 20 50 100, 3 repeats
     python benchmarks/lda_small.py --corpora news --topics 20 --repeat 5
+    python benchmarks/lda_small.py --samplers auto sparse    # and the sparse sampler alone
 
-For every corpus and K, the two runs alternate ``--repeat`` times (so that a shared machine's
+For every corpus and K, the runs alternate ``--repeat`` times (so that a shared machine's
 slow spells hit both alike) and the medians are compared:
 
-* ``dmp``: ``LatentDirichletAllocation(K, backend="local", n_workers=1).fit(X)`` on the CSR
+* ``dmp <sampler>``: ``LatentDirichletAllocation(K, sampler=..., backend="local",
+  n_workers=1).fit(X)`` (one run per ``--samplers`` entry, default ``auto``) on the CSR
   counts, timed whole (input validation, token layout, the counting pass, every sweep with
   its log-likelihood, the fitted attributes) -- what a user's call costs;
 * ``tomotopy``: ``LDAModel(k=K, alpha, eta)``, ``optim_interval = 0`` (alpha kept fixed), the
@@ -48,12 +50,12 @@ def _lda_bench():
     return mod
 
 
-def run_dmp(X, K, sweeps, alpha, beta):
+def run_dmp(X, K, sweeps, alpha, beta, sampler="auto"):
     from dmp.decomposition import LatentDirichletAllocation
 
     est = LatentDirichletAllocation(K, doc_topic_prior=alpha, topic_word_prior=beta,
-                                    max_iter=sweeps, backend="local", n_workers=1,
-                                    random_state=0)
+                                    max_iter=sweeps, sampler=sampler, backend="local",
+                                    n_workers=1, random_state=0)
     t0, c0 = time.perf_counter(), time.process_time()
     est.fit(X)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -83,6 +85,10 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--alpha", type=float, default=0.1)
     ap.add_argument("--beta", type=float, default=0.01)
+    ap.add_argument("--samplers", nargs="+", default=["auto"],
+                    help="dmp runs, one per sampler (e.g. auto sparse: the sparse one is "
+                         "what every K ran before the dense sampler; it is skipped where "
+                         "auto picks it)")
     ap.add_argument("--out", default=str(HERE / "results" / "lda-small.json"))
     args = ap.parse_args()
     bench = _lda_bench()
@@ -95,28 +101,38 @@ def main():
     from dmp.io.synthetic import make_lda_corpus
 
     run_dmp(make_lda_corpus(n_docs=20, n_words=50, doc_len=20)[0].tocsr(), 3, 2, 0.1, 0.01)
-    print(f"{'corpus':10s} {'K':>4s} {'dmp s':>8s} {'tomotopy s':>10s} {'ratio':>6s} "
-          f"{'cpu':>6s} {'dmp LL':>8s} {'tomo LL':>8s}")
+    print(f"{'corpus':10s} {'K':>4s} {'run':>12s} {'s':>8s} {'ratio':>6s} {'cpu ratio':>9s} "
+          f"{'LL/token':>9s}")
     for name in args.corpora:
         X = bench.corpus(name, False).tocsr()
         n_tok = int(X.sum())
         print(f"# {name}: {X.shape[0]} documents, {X.shape[1]} words, {n_tok} tokens")
         for K in args.topics:
-            reps = {"dmp": [], "tomotopy": []}
+            from dmp.decomposition._lda_kernels import DENSE_MAX_TOPICS
+
+            arms = {f"dmp {s}": (lambda s=s: run_dmp(X, K, args.sweeps, args.alpha,
+                                                     args.beta, s))
+                    for s in args.samplers
+                    if not (s == "sparse" and "auto" in args.samplers
+                            and K > DENSE_MAX_TOPICS)}
+            arms["tomotopy"] = lambda: run_tomotopy(X, K, args.sweeps, args.alpha,
+                                                    args.beta)
+            reps = {a: [] for a in arms}
             for _ in range(args.repeat):
-                reps["dmp"].append(run_dmp(X, K, args.sweeps, args.alpha, args.beta))
-                reps["tomotopy"].append(run_tomotopy(X, K, args.sweeps, args.alpha, args.beta))
-            med = {k: float(np.median([r["wall_s"] for r in v])) for k, v in reps.items()}
-            cpu = {k: float(np.median([r["cpu_s"] for r in v])) for k, v in reps.items()}
-            ll = {k: float(np.median([r["ll_per_token"] for r in v])) for k, v in reps.items()}
-            ratio = med["dmp"] / med["tomotopy"]
-            cpu_ratio = cpu["dmp"] / cpu["tomotopy"]
-            print(f"{name:10s} {K:4d} {med['dmp']:8.3f} {med['tomotopy']:10.3f} {ratio:6.2f} "
-                  f"{cpu_ratio:6.2f} {ll['dmp']:8.4f} {ll['tomotopy']:8.4f}", flush=True)
+                for a, fn in arms.items():
+                    reps[a].append(fn())
+            med = {a: float(np.median([r["wall_s"] for r in v])) for a, v in reps.items()}
+            cpu = {a: float(np.median([r["cpu_s"] for r in v])) for a, v in reps.items()}
+            ll = {a: float(np.median([r["ll_per_token"] for r in v])) for a, v in reps.items()}
+            ratio = {a: med[a] / med["tomotopy"] for a in arms}
+            cpu_ratio = {a: cpu[a] / cpu["tomotopy"] for a in arms}
+            for a in arms:
+                print(f"{name:10s} {K:4d} {a:>12s} {med[a]:8.3f} {ratio[a]:6.2f} "
+                      f"{cpu_ratio[a]:9.2f} {ll[a]:9.4f}", flush=True)
             results["runs"][f"{name}-K{K}"] = {
                 "corpus": name, "K": K, "documents": X.shape[0], "words": X.shape[1],
-                "tokens": n_tok, "median_s": med, "ratio_dmp_tomotopy": ratio,
-                "median_cpu_s": cpu, "cpu_ratio_dmp_tomotopy": cpu_ratio,
+                "tokens": n_tok, "median_s": med, "ratio_to_tomotopy": ratio,
+                "median_cpu_s": cpu, "cpu_ratio_to_tomotopy": cpu_ratio,
                 "ll_per_token": ll, "repeats": reps}
     Path(args.out).write_text(json.dumps(results, indent=1))
     print(f"wrote {args.out}")

@@ -292,6 +292,20 @@ def test_a_spare_block_takes_the_next_one_unpacked():
     assert not np.shares_memory(table, small)
 
 
+def test_round_uniforms_are_uniform_and_differ_by_round_and_partition():
+    from scipy.stats import kstest
+
+    u = round_uniforms(7, 3, 1, 100_000)
+    assert 0.0 <= u.min() and u.max() < 1.0
+    assert kstest(u, "uniform").pvalue > 1e-3
+    assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 0.02
+    for other in (round_uniforms(7, 4, 1, 1000), round_uniforms(7, 3, 0, 1000),
+                  round_uniforms(8, 3, 1, 1000)):
+        assert abs(np.corrcoef(u[:1000], other)[0, 1]) < 0.15
+        assert not np.isin(other, u).any()
+    np.testing.assert_array_equal(round_uniforms(7, 3, 1, 10), u[:10])
+
+
 def test_uniforms_written_in_place_are_the_same():
     buf = np.full(50, -1.0)
     u = round_uniforms(7, 3, 1, 40, out=buf)

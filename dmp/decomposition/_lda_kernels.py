@@ -357,6 +357,28 @@ def sample_sparse(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
             _fenwick_add(tree, k, phi[k] - old)
 
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@njit(cache=True, nogil=True)
+def _mix64(x):
+    """SplitMix64's finaliser (Steele, Lea and Flood, 2014) of a uint64."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@njit(cache=True, nogil=True)
+def fill_uniforms(key, out, n):
+    """``out[:n]``: uniforms in [0, 1) of the SplitMix64 stream that starts at ``key`` (a
+    uint64): counter-based, so a round's numbers cost a few nanoseconds each and no
+    generator is built per call."""
+    s = np.uint64(key)
+    for i in range(n):
+        s += _GOLDEN
+        out[i] = (_mix64(s) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
 #: counts below this read ``lgamma(c + a) - lgamma(a)`` from a table built per call (a log-
 #: likelihood evaluates it for every nonzero count; the table is exact, so the sum is too)
 LGAMMA_TABLE_SIZE = 4096

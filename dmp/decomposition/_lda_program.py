@@ -135,13 +135,26 @@ def block_sizes(block: np.ndarray, n_blocks: int) -> np.ndarray:
     return np.bincount(block, minlength=n_blocks).astype(np.int64)
 
 
+def _stream_key(*values: int) -> np.uint64:
+    """A SplitMix64 stream's start, mixed from integers (``seed, round, part``)."""
+    mask, key = (1 << 64) - 1, 0x243F6A8885A308D3
+    for v in values:
+        x = (key ^ (int(v) & mask)) + 0x9E3779B97F4A7C15 & mask
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & mask
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EB & mask
+        key = x ^ (x >> 31)
+    return np.uint64(key)
+
+
 def round_uniforms(seed: int, round: int, part: int, n: int, out=None) -> np.ndarray:
     """The uniforms partition ``part`` uses in ``round`` (one per token sampled), written
-    into ``out[:n]`` when given (the same values)."""
-    rng = np.random.default_rng([seed, 1, round, part])
+    into ``out[:n]`` when given (the same values): the SplitMix64 stream of ``(seed, round,
+    part)`` (`_lda_kernels.fill_uniforms`; a numpy generator built per round cost more than
+    sampling a small corpus's round)."""
     if out is None:
-        return rng.random(n)
-    return rng.random(out=out[:n])
+        out = np.empty(n)
+    kernels.fill_uniforms(_stream_key(seed, 1, round, part), out, n)
+    return out[:n]
 
 
 def expand_tokens(indptr, indices, data, block, row, n_blocks):
