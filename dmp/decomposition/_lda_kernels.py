@@ -399,10 +399,14 @@ def doc_loglik(doc_len, n_topics, alpha, dnz_ptr, dnz, dnz_cnt):
     """sum_d [lgG(K a) - lgG(N_d + K a) + sum_k (lgG(n_dk + a) - lgG(a))] (nonzeros only)."""
     lg_a = math.lgamma(alpha)
     lg_ka = math.lgamma(n_topics * alpha)
-    longest = 0
+    # the table only as long as the largest count (a 4096-entry one costs as much as
+    # sampling a small corpus's sweep)
+    largest = 0
     for d in range(doc_len.shape[0]):
-        longest = max(longest, doc_len[d])
-    table = _lgamma_table(alpha, min(LGAMMA_TABLE_SIZE, longest + 1))
+        base = dnz_ptr[d]
+        for j in range(dnz_cnt[d]):
+            largest = max(largest, np.int64(dnz[base + j, 1]))
+    table = _lgamma_table(alpha, min(LGAMMA_TABLE_SIZE, largest + 1))
     total = 0.0
     for d in range(doc_len.shape[0]):
         total += lg_ka - math.lgamma(doc_len[d] + n_topics * alpha)
@@ -440,16 +444,21 @@ def word_loglik(n_wk, beta):
     """sum over the block's rows and topics of lgG(n_wk + b) - lgG(b) (nonzeros only)."""
     lg_b = math.lgamma(beta)
     R, K = n_wk.shape
-    table = _lgamma_table(beta, min(LGAMMA_TABLE_SIZE, R * K + 1))
-    total = 0.0
+    largest = 0
     for r in range(R):
         for k in range(K):
+            largest = max(largest, np.int64(n_wk[r, k]))
+    table = _lgamma_table(beta, min(LGAMMA_TABLE_SIZE, largest + 1))
+    total = 0.0
+    n = table.shape[0]
+    for r in range(R):
+        for k in range(K):
+            # zeros add table[0] = 0 exactly: no unpredictable branch on them
             c = n_wk[r, k]
-            if c > 0:
-                if c < table.shape[0]:
-                    total += table[c]
-                else:
-                    total += math.lgamma(c + beta) - lg_b
+            if c < n:
+                total += table[c]
+            else:
+                total += math.lgamma(c + beta) - lg_b
     return total
 
 
