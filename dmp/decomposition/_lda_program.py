@@ -579,7 +579,9 @@ class LDAProgram(Program):
             dr.phase = "count"
             return Broadcast({"round": round, "n_k": dr.n_k})
         dr.phase = "sample"
-        dr.n_k = dr.n_k + np.sum([q["dn_k"] for q in partials], axis=0)
+        # (one partition: its change as it is; a sum over a list of one costs as much)
+        dn = partials[0]["dn_k"] if P == 1 else np.sum([q["dn_k"] for q in partials], axis=0)
+        dr.n_k = dr.n_k + dn
         if partials[0].get("ll_doc") is not None:
             Kt, V, b = self.n_topics, self.n_words, self.beta
             ll = sum(q["ll_doc"] + q["ll_word"] for q in partials)
