@@ -139,6 +139,8 @@ def main():
                 "tokens": n_tok, "median_s": med, "ratio_to_tomotopy": ratio,
                 "median_cpu_s": cpu, "cpu_ratio_to_tomotopy": cpu_ratio,
                 "ll_per_token": ll, "repeats": reps}
+            # after every configuration: a run cut short keeps what it measured
+            Path(args.out).write_text(json.dumps(results, indent=1))
     Path(args.out).write_text(json.dumps(results, indent=1))
     print(f"wrote {args.out}")
 
