@@ -530,10 +530,16 @@ class LDAProgram(Program):
         # the block being sampled (dense) and the one arriving: no partition runs more than
         # a round ahead of another (each push waits for every other's round before)
         waiting = 1 if P > 1 else 0
+        # the dense sampler's documents x topics scratch
+        scratch = 0
+        if self.sampler == "dense" and hasattr(ds, "row_bounds"):
+            bounds = np.asarray(ds.row_bounds)
+            rows = int(sum(bounds[k + 1] - bounds[k] for k in spec["shards"]))
+            scratch = rows * self.n_topics * 8
         # per token: document, word row, topic (and the sort's temporaries) plus at most one
         # [topic, count] pair; each stored entry is at least one token, so this is a lower
         # bound; the word maps
-        return entries * 24 + dense + waiting * travel + self.n_words * 8
+        return entries * 24 + dense + waiting * travel + self.n_words * 8 + scratch
 
     def start(self, n_partitions):
         self.driver = LDADriver(P=n_partitions)
