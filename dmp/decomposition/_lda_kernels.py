@@ -10,7 +10,7 @@ Two samplers draw from the same conditional
 
 * ``dense``: inverse CDF over the K topics in order, O(K) per token, on a dense row of the
   document's counts (unpacked from its pairs for the call): few branches and sums that
-  vectorise, the fastest below ``DENSE_MAX_TOPICS``;
+  vectorise, the faster one up to ``DENSE_MAX_TOPICS``;
 * ``sparse`` (STRADS "sample by word"): for the current word, ``phi_k = (n_wk + beta) /
   (n_k + V beta)`` and the dense bucket ``X = alpha sum_k phi_k`` are kept up to date
   incrementally; the document bucket ``Y = sum_{k: n_dk > 0} n_dk phi_k`` runs over the
