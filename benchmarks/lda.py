@@ -113,7 +113,7 @@ def run_dmp(X, K, sweeps, mode):
         from dmp.engine.backends.dask import quiet_local_cluster
 
         n = int(mode.split("-")[1])
-        with quiet_local_cluster(n, dashboard_address=":0", silence_logs=logging.ERROR) as c, \
+        with quiet_local_cluster(n, dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as c, \
                 Client(c) as client:
             est = LatentDirichletAllocation(K, backend=client, **kw)
             t0 = time.perf_counter()
