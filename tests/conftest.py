@@ -32,6 +32,41 @@ def _keep_killed_workers_nannies():
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _workers_forked_warm(_isolated_cache):
+    """The tests' LocalCluster workers, and the nannies' replacements of killed ones, are
+    forked from a server process that has imported Dask and dmp and loaded dmp's compiled
+    kernels (tests/_worker_preload.py), instead of spawned as fresh interpreters that import
+    them all again (seconds of CPU per worker process; distributed's own test suite forks
+    its workers so).  The server starts here, after `_isolated_cache`, with this process's
+    import path (as spawned workers get it: they unpickle classes of the test modules) and
+    the hash seed the nannies give spawned workers; a variable set in ``os.environ`` later
+    reaches a worker only through the nanny's ``env``.  Spawned workers are still tested:
+    `dmp run` and the command-line clusters in subprocesses, and the emulated clusters
+    (tests/test_emulated_cluster.py)."""
+    import multiprocessing.forkserver
+    import sys
+
+    import dask
+    from distributed.utils import get_mp_context
+
+    with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
+        get_mp_context().set_forkserver_preload(["distributed", "_worker_preload"])
+        env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)),
+               "PYTHONHASHSEED": "6640"}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        yield
+
+
 class ForeignFiles:
     """A folder holding a user's file and a lone file beside it: things dmp must refuse to
     delete or replace."""

@@ -26,6 +26,17 @@ Q = 0.3          # cores per worker of the shared cluster: 3 x 0.3 + 0.4 + 0.3 <
 DRIVER = 0.4
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _spawned_workers():
+    """The emulated clusters' nannies spawn their workers, as a user's do (the session's
+    LocalCluster workers are forked from a warm server, tests/conftest.py): a fork server
+    outliving its nanny for a moment would count as a process left behind."""
+    import dask
+
+    with dask.config.set({"distributed.worker.multiprocessing-method": "spawn"}):
+        yield
+
+
 def _require_cgroups():
     reason = emulation_unavailable()
     if reason is None:

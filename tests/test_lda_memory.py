@@ -14,6 +14,17 @@ from dmp.io.synthetic import make_lda_corpus
 MIB = 2**20
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _spawned_workers():
+    """Workers spawned, as a user's are, not forked from the session's warm server
+    (tests/conftest.py): a forked worker does not count the server's pages it has not
+    touched, and its peak would understate a spawned worker's by ~100 MiB."""
+    import dask
+
+    with dask.config.set({"distributed.worker.multiprocessing-method": "spawn"}):
+        yield
+
+
 def _peak_rss() -> int:
     # Linux: ru_maxrss is the process's high-water mark of resident memory, in KiB
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -50,7 +50,11 @@ def s3():
 def client(s3):
     from distributed import Client, LocalCluster
 
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+    # the moto server's credentials and address, set after the session's first worker
+    # started the server that workers are forked from (tests/conftest.py)
+    env = {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                      "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL")}
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, env=env,
                       dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
             Client(cluster) as c:
         yield c
