@@ -543,7 +543,7 @@ def wait_here(round, metrics):
         time.sleep(600)
 
 
-with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster, \
+with LocalCluster(n_workers=1, processes=False, dashboard_address="127.0.0.1:0") as cluster, \
         Client(cluster) as client:
     Lasso(alpha=0.05 * alpha_max(X, y), backend=client, callback=wait_here).fit(X, y)
 """

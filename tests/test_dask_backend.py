@@ -122,7 +122,7 @@ def test_killed_worker_resumes_from_checkpoint(tmp_path):
     reference = Lasso(backend="local", **kw).fit(X, y)
     killed = []
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster, \
             Client(cluster) as client:
 
         def kill_once(round, metrics):
@@ -163,7 +163,7 @@ def test_lost_worker_without_replacement_redeals_partitions(tmp_path):
     reference = Lasso(backend="local", **kw).fit(X, y)
     retired = []
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster, \
             Client(cluster) as client:
         backend = DaskBackend(client, n_workers=2, replacement_timeout=1.0)
 

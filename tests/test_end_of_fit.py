@@ -223,7 +223,7 @@ def test_collecting_does_not_push_a_tight_worker_over_its_limit(margin):
         assert hi >= (need + worker_base_bytes()) / frac
         limit = int(margin * hi)
         with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                          memory_limit=limit, dashboard_address=":0",
+                          memory_limit=limit, dashboard_address="127.0.0.1:0",
                           silence_logs=logging.CRITICAL) as cluster, Client(cluster) as client:
             backend = DaskBackend(client, n_workers=2, replacement_timeout=5.0)
             mf = MatrixFactorization(n_components=k, max_iter=1, tol=None, random_state=0,

@@ -41,7 +41,7 @@ def test_word_topic_table_larger_than_a_worker_memory_limit():
     assert table > limit
     X = make_lda_corpus(n_docs=2_000, n_words=V, n_topics=20, doc_len=100, seed=3)[0]
     with LocalCluster(n_workers=P, threads_per_worker=1, processes=True, memory_limit=limit,
-                      dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster, \
             Client(cluster) as client:
         # halves of 512 MiB do not fit a worker: refused before anything is loaded (a worker
         # samples its block dense; the next one waits as it travelled, as its nonzeros)

@@ -134,7 +134,7 @@ def small_workers():
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                      memory_limit="400MiB", dashboard_address=":0",
+                      memory_limit="400MiB", dashboard_address="127.0.0.1:0",
                       silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         yield client
 

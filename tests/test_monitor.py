@@ -652,7 +652,7 @@ def test_monitor_off_by_config_sends_nothing():
     X, y = make_problem(n=100, p=200, seed=4)
     with dask.config.set({"dmp.monitor": False}), \
             LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                         dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+                         dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster, \
             Client(cluster) as client:
         Lasso(alpha=0.1 * alpha_max(X, y), backend="dask").fit(X, y)
         assert "dmp-monitor" not in cluster.scheduler.plugins
@@ -664,7 +664,7 @@ def test_preload_lists_page_in_dashboard_menu():
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                      dashboard_address=":0", silence_logs=logging.ERROR,
+                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR,
                       scheduler_kwargs={"preload": ["dmp.monitor.preload"]}) as cluster, \
             Client(cluster) as client:
         assert isinstance(cluster.scheduler.plugins.get("dmp-monitor"), DMPMonitor)
@@ -685,7 +685,7 @@ _NO_MODULE_SCHEDULER = textwrap.dedent("""
     from distributed import Scheduler
 
     async def main():
-        async with Scheduler(port=0, dashboard_address="127.0.0.1:0") as s:
+        async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0") as s:
             from dmp.monitor import DMPMonitor
             await s.register_scheduler_plugin(DMPMonitor(), name="dmp-monitor",
                                               idempotent=True)
@@ -733,7 +733,7 @@ _SCHEDULER_WITHOUT_DMP = textwrap.dedent("""
     from distributed import Nanny, Scheduler
 
     async def main():
-        async with Scheduler(port=0, dashboard_address=":0") as s:
+        async with Scheduler(host="127.0.0.1", port=0, dashboard_address="127.0.0.1:0") as s:
             async with Nanny(s.address, nthreads=1, name="w0") as n:
                 print("ADDRESS", s.address, flush=True)
                 await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)

@@ -55,7 +55,7 @@ def client(s3):
     env = {k: os.environ[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                                       "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL")}
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, env=env,
-                      dashboard_address=":0", silence_logs=logging.ERROR) as cluster, \
+                      dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR) as cluster, \
             Client(cluster) as c:
         yield c
 

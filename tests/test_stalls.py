@@ -88,7 +88,7 @@ def small_cluster():
     from distributed import Client, LocalCluster
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, memory_limit="1GiB",
-                      dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
+                      dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL) as cluster, \
             Client(cluster) as client:
         yield client
 
@@ -186,7 +186,7 @@ def test_recovery_without_workers_left_is_a_named_error(tmp_path):
     from dmp.engine.backends.dask import DaskBackend
 
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                      dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
+                      dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL) as cluster, \
             Client(cluster) as client:
         backend = DaskBackend(client, replacement_timeout=1.0)
 

@@ -113,7 +113,7 @@ def test_lost_worker_never_replaced_partitions_redealt(tmp_path, name):
     at_round = len(reference.history_["round"]) // 3
     fired = []
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
-                      dashboard_address=":0", silence_logs=logging.CRITICAL) as cluster, \
+                      dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL) as cluster, \
             Client(cluster) as client:
         backend = DaskBackend(client, n_workers=3, replacement_timeout=2.0)
 
