@@ -668,7 +668,8 @@ def test_preload_lists_page_in_dashboard_menu():
                       scheduler_kwargs={"preload": ["dmp.monitor.preload"]}) as cluster, \
             Client(cluster) as client:
         assert isinstance(cluster.scheduler.plugins.get("dmp-monitor"), DMPMonitor)
-        base = _base(client)
+        # an in-process scheduler's link names the machine's host name; it listens on 127.0.0.1
+        base = f"http://127.0.0.1:{cluster.scheduler.http_server.port}"
         _, status_page = _get(base + "/status")
         assert "individual-dmp-training" in status_page         # the "More..." menu
         code, page = _get(base + "/individual-dmp-training")
