@@ -8,22 +8,19 @@ the points in float32 like it."""
 import numpy as np
 
 
-def serial_ba_mac(X, *, n_bits, n_epochs, mu0, mu_factor, max_iter, batch, lam, seed,
-                  itq_iter, init_margin=None):
-    X32 = np.asarray(X, dtype=np.float32)
-    # the partition's one-off shuffle of its points
-    X32 = X32[np.random.default_rng([seed, 6, 0, 0]).permutation(len(X32))]
+def _scaled_itq_start(X32, L, seed, itq_iter, init_margin=None):
+    """The program's start: the points scaled to [0, 1] by one common range (float32, as
+    stored), their covariance and eigen-decomposition, and ITQ's hash function ``A, a`` on
+    the scaled points."""
     X64 = X32.astype(np.float64)
-    n, D = X64.shape
-    L = n_bits
+    n = len(X64)
     lo = X64.min(axis=0)
     scale = float(np.max(X64.max(axis=0) - lo))
     mean_raw = X64.sum(axis=0) / n
     cov = ((X64.T @ X64) / n - np.outer(mean_raw, mean_raw)) / scale ** 2
     mean = (mean_raw - lo) / scale
     Xs = (X32 - lo.astype(np.float32)) * np.float32(1.0 / scale)
-    # ITQ on the scaled points
-    _, evecs = np.linalg.eigh(cov)
+    evals, evecs = np.linalg.eigh(cov)
     W_pca = evecs[:, ::-1][:, :L]
     R, _ = np.linalg.qr(np.random.default_rng([seed, 4]).standard_normal((L, L)))
     V = (Xs - mean) @ W_pca
@@ -33,7 +30,18 @@ def serial_ba_mac(X, *, n_bits, n_epochs, mu0, mu_factor, max_iter, batch, lam, 
     proj = W_pca @ R
     if init_margin is not None:       # each bit's A x + a with standard deviation init_margin
         proj = proj * (init_margin / np.sqrt(np.diag(proj.T @ cov @ proj)))
-    A, a = proj.T.copy(), -mean @ proj
+    return X64, lo, scale, cov, mean, Xs, evals, evecs, proj.T.copy(), -mean @ proj
+
+
+def serial_ba_mac(X, *, n_bits, n_epochs, mu0, mu_factor, max_iter, batch, lam, seed,
+                  itq_iter, init_margin=None):
+    X32 = np.asarray(X, dtype=np.float32)
+    # the partition's one-off shuffle of its points
+    X32 = X32[np.random.default_rng([seed, 6, 0, 0]).permutation(len(X32))]
+    L = n_bits
+    X64, lo, scale, cov, mean, Xs, _, _, A, a = _scaled_itq_start(X32, L, seed, itq_iter,
+                                                                 init_margin)
+    n, D = X64.shape
     Z = ((Xs @ A.T + a) > 0).astype(np.float64)
     eta0 = 1.0 / (np.trace(cov) + mean @ mean + 1.0)
     steps = 0
@@ -98,23 +106,9 @@ def serial_ba_mac_dcd(X, *, n_bits, n_epochs, mu0, mu_factor, max_iter, C, seed,
              for p, Xp in enumerate(parts)]
     starts = np.cumsum([0] + [len(Xp) for Xp in parts])
     X32 = np.concatenate(parts)
-    X64 = X32.astype(np.float64)
+    X64, lo, scale, cov, mean, Xs, evals, evecs, A, a = _scaled_itq_start(X32, L, seed,
+                                                                         itq_iter)
     n, D = X64.shape
-    lo = X64.min(axis=0)
-    scale = float(np.max(X64.max(axis=0) - lo))
-    mean_raw = X64.sum(axis=0) / n
-    cov = ((X64.T @ X64) / n - np.outer(mean_raw, mean_raw)) / scale ** 2
-    mean = (mean_raw - lo) / scale
-    Xs = (X32 - lo.astype(np.float32)) * np.float32(1.0 / scale)
-    evals, evecs = np.linalg.eigh(cov)
-    W_pca = evecs[:, ::-1][:, :L]
-    R, _ = np.linalg.qr(np.random.default_rng([seed, 4]).standard_normal((L, L)))
-    V = (Xs - mean) @ W_pca
-    for _ in range(itq_iter):
-        U, _, Wt = np.linalg.svd(V.T @ np.where(V @ R >= 0, 1.0, -1.0))
-        R = U @ Wt
-    proj = W_pca @ R
-    A, a = proj.T.copy(), -mean @ proj
     keep = evals > 1e-9 * evals.max()
     white = evecs[:, keep] / np.sqrt(evals[keep])
     U = (Xs - mean) @ white                           # what the SVMs see
