@@ -273,6 +273,12 @@ def _lock_stale_s() -> float:
     return config.seconds("dmp.checkpoint.lock-stale")
 
 
+def _is_store_root_entry(name: str) -> bool:
+    """Whether ``name`` may sit in a checkpoint folder another fit is creating right now:
+    the lock, the root metadata, or Zarr's temporary ``zarr.<hex>.partial`` of it."""
+    return name in ("lock", "zarr.json") or (name.startswith("zarr.") and name.endswith(".partial"))
+
+
 class CheckpointLock:
     """The lock of a checkpoint location, held by the fit writing it.
 
@@ -364,7 +370,7 @@ class CheckpointLock:
         store = self.store
         root_existed = store.exists()
         if not root_existed and not store.remote and os.path.isdir(store.path) \
-                and any(n not in ("lock", "zarr.json") for n in os.listdir(store.path)):
+                and any(not _is_store_root_entry(n) for n in os.listdir(store.path)):
             raise CheckpointError(f"{store.path!r} is a folder that is not a dmp checkpoint "
                                   f"store; choose another checkpoint location")
         for attempt in range(3):
