@@ -12,6 +12,7 @@ misspelt key would otherwise be ignored without a word); the runner calls it as 
 
 from __future__ import annotations
 
+import copy
 import difflib
 import warnings
 from pathlib import Path
@@ -134,10 +135,20 @@ def unknown_keys() -> list[str]:
     return sorted(_unknown(dask.config.get("dmp", {}), "dmp"))
 
 
+#: a copy of the last ``dmp`` section `check` found nothing wrong with (every fit checks;
+#: the section seldom changes between fits, and comparing it costs less than walking it)
+_checked: list = [None]
+
+
 def check(stacklevel: int = 2) -> list[str]:
     """Warn (`ConfigWarning`) about each key of Dask's ``dmp`` section that is none of dmp's
     settings, with the closest setting's name; returns those keys."""
+    section = dask.config.get("dmp", {})
+    if _checked[0] is not None and section == _checked[0]:
+        return []
     unknown = unknown_keys()
+    if not unknown:
+        _checked[0] = copy.deepcopy(section)
     for name in unknown:
         close = difflib.get_close_matches(name, list(KEYS) + sorted(_SECTIONS), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""

@@ -112,7 +112,8 @@ class FitEvents:
         self.params = params or {}
         self.max_iter = max_iter
         self.fit_id = f"{desc}-{uuid.uuid4().hex[:8]}"
-        self.enabled = monitor_enabled() and bool(backend.sends_events)
+        # (the setting is read only where the backend could send the events at all)
+        self.enabled = bool(backend.sends_events) and monitor_enabled()
 
     def _send(self, kind: str, wait: bool = False, **fields) -> None:
         if self.enabled:

@@ -54,6 +54,14 @@ class RunResult:
     collected: object = None
 
 
+def _plans_nbytes(plans) -> int:
+    """`payload_nbytes` of a round's plans; a plan given to every partition (``[plan] *
+    P``, as most rounds' are) is sized once."""
+    if plans and all(p is plans[0] for p in plans):
+        return payload_nbytes(plans[0]) * len(plans)
+    return payload_nbytes(plans)
+
+
 def _pull_bytes(updates, n_partitions: int) -> int:
     if updates is None:
         return 0
@@ -400,7 +408,7 @@ class _Run:
         handle = (self.backend.step(r0, self.update, plans_seq[0]) if m == 1
                   else self.backend.step_batch(r0, self.update, plans_seq))
         self.pending.append(_InFlight(r0, m, handle, t_issue,
-                                      [payload_nbytes(p) for p in plans_seq],
+                                      [_plans_nbytes(p) for p in plans_seq],
                                       _pull_bytes(self.update, self.n_parts)))
         self.update = None
         self.round += m
@@ -418,8 +426,10 @@ class _Run:
             # behind the batch before it (staleness), which would halve the batches
             batch_s = max(sum(col) for col in zip(
                 *[[res["step_s"] for res in results] for results in results_seq]))
-        # the workers' wall clock on this loop's clock (rounds of a batch)
-        wall_to_loop = time.time() - time.perf_counter() + self.t_loop0
+        # the workers' wall clock on this loop's clock (rounds of a batch; a round run
+        # alone is timed here)
+        wall_to_loop = (time.time() - time.perf_counter() + self.t_loop0 if m > 1
+                        else 0.0)
         # rounds per batch: about target_s of work and at most max_bytes of partials,
         # growing at most 4x at once
         push_bytes = [payload_nbytes([res["partial"] for res in results])
@@ -446,7 +456,8 @@ class _Run:
         rec = self._round_record(batch, j, results, push_bytes, wall_to_loop)
         rec.update(program.metrics())
         self.history.append(rec)
-        self.events.round(rec)
+        if self.events.enabled:
+            self.events.round(rec)
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(program.progress_postfix())
@@ -465,9 +476,10 @@ class _Run:
                       wall_to_loop: float) -> dict:
         """The history record of round ``batch.first + j`` (before the program's metrics)."""
         push_s = [res["push_s"] for res in results]
-        now = time.perf_counter() - self.t_loop0
+        t = time.perf_counter()
+        now = t - self.t_loop0
         if batch.n_rounds == 1:
-            round_s = time.perf_counter() - batch.t_issue
+            round_s = t - batch.t_issue
             idle_s = [max(round_s - p, 0.0) for p in push_s]
         else:  # timed on the workers: from the round before's end to its own
             idle_s = [max(res["step_s"] - res["push_s"], 0.0) for res in results]
@@ -650,11 +662,11 @@ def history_arrays(history: list[dict]) -> dict:
     """List of per-round dicts -> dict of arrays (push_s becomes rounds x workers)."""
     if not history:
         return {}
-    keys = list(history[0].keys())
+    # every key in the order first seen (most records have the same keys)
+    keys = dict.fromkeys(history[0])
     for rec in history[1:]:
-        for k in rec:
-            if k not in keys:
-                keys.append(k)
+        if rec.keys() != keys.keys():
+            keys.update(dict.fromkeys(rec))
     out = {}
     for k in keys:
         vals = [rec.get(k) for rec in history]

@@ -458,11 +458,21 @@ class LassoProgram(Program):
         s["pending"].clear()
 
     # ================================================================== driver side
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_specs", None)   # the driver's copy (`partition_specs`)
+        return state
+
     def partition_specs(self, n_partitions):
-        groups = self.dataset.column_partition(n_partitions)
-        bounds = self.dataset.col_bounds
-        return [{"shards": g, "cols": (int(bounds[g[0]]), int(bounds[g[-1] + 1]))}
-                for g in groups]
+        # asked for by the runner and again by `start`: the split is made once per fit
+        cached = self.__dict__.get("_specs")
+        if cached is None or cached[0] != n_partitions:
+            groups = self.dataset.column_partition(n_partitions)
+            bounds = self.dataset.col_bounds
+            cached = self._specs = (n_partitions, [
+                {"shards": g, "cols": (int(bounds[g[0]]), int(bounds[g[-1] + 1]))}
+                for g in groups])
+        return list(cached[1])
 
     def partition_nbytes(self, spec):
         shard_nnz = getattr(self.dataset, "shard_nnz", None)

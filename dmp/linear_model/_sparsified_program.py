@@ -65,6 +65,19 @@ _DENSE_GRAM_DENSITY = 0.05
 _DENSE_BLOCK_VALUES = 1 << 20
 
 
+def _full_rows(A):
+    """The values of a CSR matrix that stores every entry of every row in column order (dense
+    input, `dmp.linear_model._dense.dense_to_compressed`) as an n x d array (a view), else
+    None."""
+    if A.format != "csr":
+        return None
+    n, d = A.shape
+    if A.nnz != n * d or not A.has_canonical_format:
+        return None
+    # canonical (sorted, no duplicates) with d entries in every row: columns 0 .. d-1
+    return A.data.reshape(n, d)
+
+
 def _dense_gram(A, outer: bool) -> np.ndarray:
     """``A^T A`` (``outer=False``) or ``A A^T`` of a sparse ``A`` from dense blocks of rows
     (of columns for ``A A^T``) of at most `_DENSE_BLOCK_VALUES` values."""
@@ -74,8 +87,11 @@ def _dense_gram(A, outer: bool) -> np.ndarray:
     n, d = A.shape
     out = np.zeros((d, d))
     step = max(1, _DENSE_BLOCK_VALUES // max(d, 1))
+    # rows stored whole are their own dense blocks (views; densifying a copy of each block
+    # cost most of a small dense fit's setup, in fresh pages)
+    full = _full_rows(A)
     for start in range(0, n, step):
-        B = A[start:start + step].toarray()
+        B = A[start:start + step].toarray() if full is None else full[start:start + step]
         out += B.T @ B
     return out
 
@@ -103,7 +119,10 @@ def max_eigenvalue_gram(A, fit_intercept: bool) -> float:
             AtA = _dense_gram(A, outer=False) if blocks else A.T @ A
             AtA = AtA.toarray() if sp.issparse(AtA) else np.asarray(AtA)
             if fit_intercept:
-                col = np.asarray(A.sum(axis=0)).ravel()
+                full = _full_rows(A) if sp.issparse(A) and d > 1 else None
+                # (the rows summed in order, as scipy's sum does, without its product)
+                col = (np.asarray(A.sum(axis=0)).ravel() if full is None
+                       else full.sum(axis=0))
                 small = np.empty((D, D))
                 small[:d, :d], small[:d, d], small[d, :d], small[d, d] = AtA, col, col, n
             else:
@@ -537,7 +556,10 @@ class SparsifiedProgram(Program):
 
     def _encode_point(self, old, new):
         """Broadcast only the blocks that changed when that is smaller than the point."""
-        changed = np.maximum.reduceat((old != new).astype(np.int8), self.bounds[:-1]) > 0
+        moved = old != new
+        if moved.all():   # every block changed (most rounds with an L2 term)
+            return Broadcast({"x": new.copy()})
+        changed = np.maximum.reduceat(moved.astype(np.int8), self.bounds[:-1]) > 0
         ids = np.flatnonzero(changed).astype(np.int32)
         sizes = np.diff(self.bounds)[ids]
         if 8 * int(sizes.sum()) + 4 * len(ids) < 8 * self.n_coords:
