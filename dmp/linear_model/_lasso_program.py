@@ -25,6 +25,7 @@ contiguous block of columns (its CSC shards and coefficients) and a replica of t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,11 +61,16 @@ _QUANTILE_SAMPLE = 4096
 def _quantiles(values: np.ndarray) -> list:
     """`_PRIORITY_QUANTILES` of ``values`` (numpy's default, linear interpolation) from one
     sort: ``np.quantile``'s generality costs more than the sort of a round's few values."""
-    a = np.sort(values)
-    pos = np.asarray(_PRIORITY_QUANTILES) * (len(a) - 1)
-    lo = np.floor(pos).astype(np.int64)
-    hi = np.minimum(lo + 1, len(a) - 1)
-    return (a[lo] + (a[hi] - a[lo]) * (pos - lo)).tolist()
+    a = np.sort(values).tolist()
+    last = len(a) - 1
+    out = []
+    # numpy's arithmetic on five scalars (the same float64 operations, in Python)
+    for q in _PRIORITY_QUANTILES:
+        pos = q * last
+        lo = math.floor(pos)
+        hi = min(lo + 1, last)
+        out.append(a[lo] + (a[hi] - a[lo]) * (pos - lo))
+    return out
 
 
 def _l1_change(w_old, delta, t):
@@ -557,12 +563,12 @@ class LassoProgram(Program):
         # one partition solving its working set: the gap round that follows comes back with
         # this round (`CDPlan.gap`)
         fuse_gap = P == 1 and self.inner_sweeps > 1
-        owner = np.searchsorted(d.starts, cand, side="right") - 1
+        owner = np.searchsorted(d.starts, cand, side="right") - 1 if P > 1 else None
         plans = []
         for k in range(P):
-            local = cand[owner == k] - d.starts[k]
-            keep = len(local) if L is None else int(np.ceil(L * len(local) / max(len(cand), 1)))
-            plans.append(CDPlan(round=round, idx=local.astype(np.int64), keep=keep,
+            local = (cand[owner == k] if P > 1 else cand) - d.starts[k]
+            keep = len(local) if L is None else math.ceil(L * len(local) / max(len(cand), 1))
+            plans.append(CDPlan(round=round, idx=local.astype(np.int64, copy=False), keep=keep,
                                 filter=self.schedule_kind == "priority",
                                 sweeps=self.inner_sweeps, inner_tol=inner_tol,
                                 gap=fuse_gap))
@@ -611,7 +617,9 @@ class LassoProgram(Program):
                 d.l1 + sum(_l1_change(a, b, 1.0) for a, b in zip(w_old, deltas)))
             if g1 > g0:
                 t = _exact_step(r, D, np.concatenate(w_old), np.concatenate(deltas), nalpha)
-        d.l1 += sum(_l1_change(a, b, t) for a, b in zip(w_old, deltas))
+        # |w| of each partition's set after the step: its l1 change and its largest entry
+        moved = [np.abs(a + t * b) for a, b in zip(w_old, deltas)]
+        d.l1 += sum([float(m.sum() - np.abs(a).sum()) for m, a in zip(moved, w_old)])
         r += t * D
         n_kept = 0
         for k, pt in enumerate(partials):
@@ -626,9 +634,7 @@ class LassoProgram(Program):
                   "n_kept": n_kept, "step": t,
                   "priority_q": d.priority_q.pop(round, _NO_QUANTILES)}
         moving = t * max((float(np.abs(b).max(initial=0.0)) for b in deltas), default=0.0)
-        round_w_max = max(
-            (float(np.abs(a + t * b).max(initial=0.0)) for a, b in zip(w_old, deltas)),
-            default=0.0)
+        round_w_max = max((float(m.max(initial=0.0)) for m in moved), default=0.0)
         d.max_abs_w = max(d.max_abs_w, round_w_max)
         if self.inner_sweeps == 1:
             # one sweep per round: the rounds together are the working-set solve, solved

@@ -170,6 +170,10 @@ def _required_members() -> tuple[str, ...]:
             "collect_stream")
 
 
+#: `Backend` subclasses found complete by `check_backend`
+_COMPLETE: set = set()
+
+
 def check_backend(backend):
     """Return ``backend`` when it has the interface of `Backend`, else raise TypeError
     naming what it lacks.
@@ -179,9 +183,14 @@ def check_backend(backend):
     declares ``runs_batches`` must also have `Backend.step_batch` and `Backend.gather_batch`.
     """
     # the class first: reading a property (DaskBackend.in_driver_process asks the scheduler)
-    # only to see that it is there would cost a call
-    missing = [n for n in _required_members()
-               if getattr(type(backend), n, None) is None and not hasattr(backend, n)]
+    # only to see that it is there would cost a call.  A `Backend` subclass has every member
+    # on its class (it could not be instantiated otherwise): its class is checked once
+    cls = type(backend)
+    missing = [] if cls in _COMPLETE else [
+        n for n in _required_members()
+        if getattr(cls, n, None) is None and not hasattr(backend, n)]
+    if not missing and isinstance(backend, Backend):
+        _COMPLETE.add(cls)
     if missing:
         caps = [n for n in missing if n in CAPABILITIES]
         methods = [n for n in missing if n not in CAPABILITIES]
