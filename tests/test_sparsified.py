@@ -93,6 +93,33 @@ def test_loss_gradient_kernels_match_numpy(loss_id, fit_intercept):
     np.testing.assert_allclose(g, Zs[rows].T @ s[rows], rtol=1e-12, atol=1e-13)
 
 
+@pytest.mark.parametrize("loss_id", [kernels.SQUARED, kernels.LOGISTIC])
+@pytest.mark.parametrize("fit_intercept", [False, True])
+def test_dense_row_kernels_equal_the_csr_ones_bit_for_bit(loss_id, fit_intercept):
+    # rows stored whole (dense input) take the dense kernels: the fit must not change
+    from dmp.linear_model._dense import dense_to_compressed
+    from dmp.linear_model._sparsified_program import _full_rows
+
+    rng = np.random.default_rng(3)
+    X = rng.standard_normal((200, 17))
+    A = dense_to_compressed(X, "csr")
+    rows = _full_rows(A)
+    assert rows is not None and np.shares_memory(rows, A.data)
+    assert _full_rows(sp.random(20, 5, density=0.5, format="csr", random_state=0)) is None
+    y = rng.standard_normal(200) if loss_id == kernels.SQUARED else rng.choice([-1.0, 1.0], 200)
+    x = rng.standard_normal(17 + fit_intercept)
+    args = (A.indptr.astype(np.int64), A.indices.astype(np.int32), A.data, y, x)
+    g, g_dense = np.empty_like(x), np.empty_like(x)
+    total = kernels.loss_gradient(*args, loss_id, fit_intercept, g)
+    assert kernels.loss_gradient_dense(rows, y, x, loss_id, fit_intercept, g_dense) == total
+    assert np.array_equal(g, g_dense)
+    assert (kernels.loss_value_dense(rows, y, x, loss_id, fit_intercept)
+            == kernels.loss_value(*args, loss_id, fit_intercept))
+    z = X @ x[:17] + (x[17] if fit_intercept else 0.0)   # and right, against numpy
+    f = 0.5 * (z - y) ** 2 if loss_id == kernels.SQUARED else np.logaddexp(0.0, -y * z)
+    np.testing.assert_allclose(total, f.sum(), rtol=1e-12)
+
+
 def test_logistic_loss_is_stable_for_large_margins():
     A = sp.csr_matrix(np.array([[1.0], [1.0]]))
     y = np.array([1.0, -1.0])

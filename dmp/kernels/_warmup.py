@@ -50,6 +50,9 @@ def warm_sparsify() -> None:
     for loss in (sparsify.SQUARED, sparsify.LOGISTIC):
         sparsify.loss_gradient(*args, x, loss, True, g)
         sparsify.loss_value(*args, x, loss, True)
+        dense = np.ones((6, 5))
+        sparsify.loss_gradient_dense(dense, args[3], x, loss, True, g)
+        sparsify.loss_value_dense(dense, args[3], x, loss, True)
         sparsify.batch_gradient(*args, x, rows, loss, True, g)
         sparsify.saga_delta(*args, x, rows, loss, True, np.zeros((6, 2)),
                             np.array([0, 0, 0, 1, 1, 1], dtype=np.int64), bounds, blocks)

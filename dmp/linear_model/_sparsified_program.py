@@ -78,6 +78,11 @@ def _full_rows(A):
     return A.data.reshape(n, d)
 
 
+def _rows(s) -> np.ndarray:
+    """A partition's rows as an array (a view of its CSR values; ``s["full"]``)."""
+    return s["data"].reshape(s["l"], s["A"].shape[1])
+
+
 def _dense_gram(A, outer: bool) -> np.ndarray:
     """``A^T A`` (``outer=False``) or ``A A^T`` of a sparse ``A`` from dense blocks of rows
     (of columns for ``A A^T``) of at most `_DENSE_BLOCK_VALUES` values."""
@@ -279,7 +284,10 @@ class SparsifiedProgram(Program):
              "indices": A.indices.astype(np.int32, copy=False),
              "data": A.data.astype(np.float64, copy=False),
              "y": y, "l": A.shape[0], "x": np.zeros(self.n_coords),
-             "grad": np.zeros(self.n_coords), "A": A}
+             "grad": np.zeros(self.n_coords), "A": A,
+             # every row stored whole (dense input): the gradient kernels read them as an
+             # array (`_rows`), with the same result
+             "full": _full_rows(A) is not None}
         if self.x0 is not None:
             s["x"][:] = self.x0
         if self.method == "isega":
@@ -307,8 +315,11 @@ class SparsifiedProgram(Program):
         match plan:
             case InitPlan():
                 out = self._local_stats(s)
-                out["loss"] = kernels.loss_value(s["indptr"], s["indices"], s["data"], s["y"],
-                                           s["x"], self.loss_id, self.fit_intercept)
+                out["loss"] = (
+                    kernels.loss_value_dense(_rows(s), s["y"], s["x"], self.loss_id,
+                                             self.fit_intercept) if s["full"]
+                    else kernels.loss_value(s["indptr"], s["indices"], s["data"], s["y"],
+                                            s["x"], self.loss_id, self.fit_intercept))
                 return out
             case StepPlan():
                 return self._step(s, plan)
@@ -335,7 +346,11 @@ class SparsifiedProgram(Program):
             if plan.eval:
                 loss = kernels.loss_value(*args, x, self.loss_id, self.fit_intercept)
         else:
-            loss = kernels.loss_gradient(*args, x, self.loss_id, self.fit_intercept, grad)
+            if s["full"]:
+                loss = kernels.loss_gradient_dense(_rows(s), s["y"], x, self.loss_id,
+                                                   self.fit_intercept, grad)
+            else:
+                loss = kernels.loss_gradient(*args, x, self.loss_id, self.fit_intercept, grad)
             grad /= l
             self._add_l2(grad, x)
             if self.method == "isega":
