@@ -353,6 +353,8 @@ class LassoProgram(Program):
             "pending": {},
             "row_head": np.full(n, -1, dtype=np.int64),
             "links": (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64)),
+            # every entry stored (dense input): each column is already n contiguous values
+            "full": X.nnz == n * (c1 - c0),
         }
 
     def _filter(self, s, idx, keep):
@@ -407,6 +409,13 @@ class LassoProgram(Program):
             kernels.cd_sweep(s["indptr"], s["indices"], s["data"], s["sq"], s["means"],
                        s["col_sums"], s["w"], s["r"], kept, alpha_n, delta)
             solved = False
+        elif s["full"]:
+            # columns stored whole are contiguous already: the sweeps read them in place
+            # (the same operations on the same values as on a copy)
+            done = kernels.cd_sweeps(s["indptr"], s["indices"], s["data"], s["sq"], s["means"],
+                                     s["col_sums"], s["w"], s["r"], kept, alpha_n, sweeps,
+                                     plan.inner_tol, delta)
+            solved = done < sweeps
         else:
             # repeated sweeps over a contiguous copy of the working set: one random
             # gather, then sequential memory access on every sweep
