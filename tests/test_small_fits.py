@@ -79,3 +79,47 @@ def test_one_partition_checks_the_gap_in_the_round_that_solved_the_working_set()
     assert got.history[-1]["dual_gap"] == fused.driver.gap
     gaps = [h["dual_gap"] for h in got.history]
     assert any(k == "cd" and g != g0 for k, g, g0 in zip(got_kinds[1:], gaps[1:], gaps))
+
+
+def test_parameter_validation_built_once_per_class_reports_as_scikit_learn():
+    # dmp builds the constraint objects once per class (dmp.base._class_constraints); a bad
+    # parameter is still reported by scikit-learn's own validation, word for word
+    import pytest
+    from sklearn.base import BaseEstimator
+    from sklearn.utils._param_validation import InvalidParameterError
+
+    from dmp.decomposition import LatentDirichletAllocation
+    from dmp.linear_model import Lasso, SparsifiedSGDClassifier
+
+    bad = [Lasso(alpha=-1.0), Lasso(schedule="fast"), Lasso(n_workers=0),
+           SparsifiedSGDClassifier(max_iter=0), LatentDirichletAllocation(n_components=0),
+           Lasso(backend=object())]
+    for est in bad:
+        with pytest.raises(InvalidParameterError) as ours:
+            est._validate_params()
+        with pytest.raises(InvalidParameterError) as theirs:
+            BaseEstimator._validate_params(est)
+        assert str(ours.value) == str(theirs.value)
+    for est in (Lasso(alpha=0.5, rho=0.2), SparsifiedSGDClassifier(),
+                LatentDirichletAllocation(5)):
+        est._validate_params()   # valid ones pass both
+        BaseEstimator._validate_params(est)
+
+
+def test_payload_sizes_by_type_count_as_the_rule_says():
+    # the per-type sizers (dmp.engine.comm) keep the rule: arrays by nbytes (subclasses
+    # too), containers and Messages by their parts, a Message's type and scalars 8 bytes
+    from dmp.engine.comm import payload_nbytes
+    from dmp.engine.program import Broadcast
+
+    class Row(tuple):
+        pass
+
+    a = np.zeros(10)
+    plan = CDPlan(round=1, idx=np.arange(3), keep=2, filter=True, sweeps=1, inner_tol=0.1)
+    assert payload_nbytes(plan) == 8 + 8 + 24 + 5 * 8
+    assert payload_nbytes(np.ma.masked_array(a)) == 80
+    assert payload_nbytes(Row((a, 1.0))) == 88
+    assert payload_nbytes({"x": a, "n": None, "b": b"abc"}) == 83
+    assert payload_nbytes(Broadcast([a, "s"])) == 88
+    assert payload_nbytes(None) == 0 and payload_nbytes(np.float64(1.0)) == 8
