@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils._param_validation import HasMethods, Interval, StrOptions, make_constraint
+from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
 from sklearn.utils.validation import validate_data
 
 from .engine import resolve_backend, run
@@ -50,23 +50,6 @@ class _DaskClient(HasMethods):
 
     def __str__(self):
         return "an instance of 'distributed.Client'"
-
-
-#: ``{estimator class: (its _parameter_constraints, ((name, constraints), ...)))}``: the
-#: constraint objects scikit-learn's validation builds on every call, built once per class
-_CONSTRAINTS: dict = {}
-
-
-def _class_constraints(cls) -> tuple:
-    """``((parameter, constraint objects), ...)`` of ``cls``, in scikit-learn's order."""
-    declared = cls._parameter_constraints
-    entry = _CONSTRAINTS.get(cls)
-    if entry is None or entry[0] is not declared:
-        checks = tuple((name, tuple(make_constraint(c) for c in declared[name]))
-                       for name in cls._get_param_names()
-                       if name in declared and declared[name] != "no_validation")
-        entry = _CONSTRAINTS[cls] = (declared, checks)
-    return entry[1]
 
 
 @dataclass
@@ -151,20 +134,6 @@ class DMPEstimator(SharedBackendMixin, BaseEstimator):
         cannot pass (`sklearn.utils.estimator_checks.check_estimator`'s
         ``expected_failed_checks``); every dmp estimator passes them all unless it says."""
         return {}
-
-    def _validate_params(self):
-        """scikit-learn's validation of the parameters (`BaseEstimator._validate_params`),
-        with the constraint objects and the parameter names made once per class instead of
-        on every fit (most of a small fit's validation); a parameter that satisfies none of
-        its constraints is reported by scikit-learn's own validation, word for word."""
-        for name, constraints in _class_constraints(type(self)):
-            value = getattr(self, name)
-            for constraint in constraints:
-                if constraint.is_satisfied_by(value):
-                    break
-            else:
-                super()._validate_params()
-                return
 
     # ------------------------------------------------------------------ the fitting path
     def _fit(self, X, y=None, *, validate: bool = True, **options):

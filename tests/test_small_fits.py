@@ -81,31 +81,6 @@ def test_one_partition_checks_the_gap_in_the_round_that_solved_the_working_set()
     assert any(k == "cd" and g != g0 for k, g, g0 in zip(got_kinds[1:], gaps[1:], gaps))
 
 
-def test_parameter_validation_built_once_per_class_reports_as_scikit_learn():
-    # dmp builds the constraint objects once per class (dmp.base._class_constraints); a bad
-    # parameter is still reported by scikit-learn's own validation, word for word
-    import pytest
-    from sklearn.base import BaseEstimator
-    from sklearn.utils._param_validation import InvalidParameterError
-
-    from dmp.decomposition import LatentDirichletAllocation
-    from dmp.linear_model import Lasso, SparsifiedSGDClassifier
-
-    bad = [Lasso(alpha=-1.0), Lasso(schedule="fast"), Lasso(n_workers=0),
-           SparsifiedSGDClassifier(max_iter=0), LatentDirichletAllocation(n_components=0),
-           Lasso(backend=object())]
-    for est in bad:
-        with pytest.raises(InvalidParameterError) as ours:
-            est._validate_params()
-        with pytest.raises(InvalidParameterError) as theirs:
-            BaseEstimator._validate_params(est)
-        assert str(ours.value) == str(theirs.value)
-    for est in (Lasso(alpha=0.5, rho=0.2), SparsifiedSGDClassifier(),
-                LatentDirichletAllocation(5)):
-        est._validate_params()   # valid ones pass both
-        BaseEstimator._validate_params(est)
-
-
 def test_payload_sizes_by_type_count_as_the_rule_says():
     # the per-type sizers (dmp.engine.comm) keep the rule: arrays by nbytes (subclasses
     # too), containers and Messages by their parts, a Message's type and scalars 8 bytes
