@@ -7,6 +7,7 @@ and here the workers run unconfined, as spawned `LocalCluster` workers, to keep 
 import logging
 import os
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -20,6 +21,13 @@ MIB = 2**20
 
 def _pid():
     return os.getpid()
+
+
+def _partitions_alive() -> int:
+    import gc
+
+    gc.collect()
+    return sum(type(o).__name__ == "ActorPartitionWorker" for o in gc.get_objects())
 
 
 def _vm_hwm(pid: int) -> int:
@@ -64,6 +72,12 @@ def test_factors_larger_than_a_worker_on_three_workers(tmp_path):
             est.set_params(backend=client, n_workers=P).fit(ds)
             peaks = {addr: _vm_hwm(pid) for addr, pid in pids.items()}
             assert client.run(_pid) == pids                # no worker was lost or restarted
+            # and once the fit is over its partitions are let go: a worker keeps no share of
+            # the model (once, the ring handler held the first partition of every worker)
+            deadline = time.monotonic() + 30
+            while any(client.run(_partitions_alive).values()) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert not any(client.run(_partitions_alive).values())
     assert est.recoveries_ == [] and est.history_["worker_losses"].max() == 0
     assert est.user_factors_.shape == (users, rank) and est.n_iter_ == 1
     assert np.isfinite(est.objective_) and est.objective_ < est.history_["objective"][0]
