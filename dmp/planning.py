@@ -49,7 +49,7 @@ from .engine.backends.local import LocalBackend
 from .engine.program import Message, Program, Sends
 from .engine.runner import run
 
-__all__ = ["plan", "Network", "parse_network", "EngineCosts", "Probe", "predict",
+__all__ = ["plan", "plan_memory", "Network", "parse_network", "EngineCosts", "Probe", "predict",
            "probe_program", "probe_estimator", "measure_engine", "NullProgram", "table_text",
            "plot_plan"]
 
@@ -483,6 +483,60 @@ def _memory_row(partition_bytes, memory_limit) -> dict:
     return {"memory_per_worker": need, "fits": need <= memory_limit * frac}
 
 
+def plan_memory(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64),
+                memory_per_worker="4GiB", as_frame: bool | None = None):
+    """Memory per worker of ``estimator.fit(X, y)`` on each number of ``workers``, from the
+    fit's set-up alone: no partition is loaded and no round runs, so it answers for a model
+    too large for this process (`plan` runs the fit in process to time it).
+
+    The figure is the one the Dask backend checks before a fit (`InsufficientMemoryError`):
+    the largest partition's estimate (`Program.partition_nbytes`), the piece of it in
+    flight when the fit's result is collected, and the worker's fixed cost
+    (``dmp.memory.worker-base``).
+
+    Parameters
+    ----------
+    estimator : DMPEstimator
+        An unfitted dmp estimator (cloned; not fitted).
+    X, y : data
+        What ``fit`` takes.
+    workers : list of int
+        The numbers of workers (one partition each).
+    memory_per_worker : int or str or None
+        Each worker's memory limit (``fits`` compares with the part Dask lets a worker use,
+        ``distributed.worker.memory.pause``; None: not checked).
+    as_frame : bool, optional
+        Return a pandas DataFrame (default: when pandas can be imported).
+
+    Returns
+    -------
+    table : list of dict or pandas.DataFrame
+        One row per P: ``workers``, ``partition_bytes`` (the largest partition's estimate),
+        ``memory_per_worker`` (None when the program cannot tell, or the data cannot be
+        split over P), ``fits`` and ``workers_needed`` (the fewest workers that fit, when
+        this P does not).
+    """
+    Ps = _check_workers(workers)
+    limit = _nbytes(memory_per_worker)
+    rows = []
+    for P in Ps:
+        setup = _setup_at(estimator, X, y, P)
+        pbytes = None if setup is None else setup[1]
+        rows.append({"workers": P, "partition_bytes": pbytes, **_memory_row(pbytes, limit)})
+    _workers_needed(rows, estimator, X, y, limit)
+    columns = ["workers", "partition_bytes", "memory_per_worker", "fits", "workers_needed"]
+    rows = [{c: r.get(c) for c in columns} for r in rows]
+    if as_frame is None or as_frame:
+        try:
+            import pandas as pd
+        except ImportError:
+            if as_frame:
+                raise
+            return rows
+        return pd.DataFrame(rows, columns=columns)
+    return rows
+
+
 def _nbytes(value) -> int | None:
     if value is None:
         return None
@@ -545,6 +599,11 @@ def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10G
         ``loop_s``), ``speedup`` (against the smallest P), ``bytes_per_worker_round``,
         ``network_bytes``, ``memory_per_worker``, ``fits``, ``workers_needed`` (the fewest
         workers that fit, when this P does not) and ``source`` (probe or extrapolation).
+
+    See Also
+    --------
+    plan_memory : the memory column alone, without running the fit (the probes hold every
+        partition in this process: not for a model larger than it).
     """
     Ps = _check_workers(workers)
     net = parse_network(network)

@@ -215,3 +215,58 @@ def test_plan_probes_what_the_store_allows(tmp_path, lasso_problem):
     assert [r["source"].split(",")[0] for r in rows] == [
         "probe at P=1", "probe at P=2", "extrapolated from P=2"]
     assert rows[2]["loop_s"] > 0 and rows[2]["memory_per_worker"] > 0
+
+
+def test_plan_memory_is_the_backends_check(tmp_path, monkeypatch):
+    """`plan_memory` of a 4 GiB LDA table answers from the fit's set-up alone (no partition
+    is made): per worker, its word block (ceil(V / P) x K int32) and the partition's other
+    terms, the piece in flight at the end and the worker's base; ``fits`` agrees with the
+    Dask backend's up-front check at the limit either side of it."""
+    from dmp.decomposition import LatentDirichletAllocation
+    from dmp.decomposition._lda_program import LDAProgram
+    from dmp.engine.backends.dask import check_partition_memory
+    from dmp.exceptions import InsufficientMemoryError
+    from dmp.io import write_sparse_rows
+    from dmp.io.synthetic import make_lda_corpus
+    from dmp.planning import plan_memory
+    from dmp.utils.estimator import seed_from
+
+    V, K, MIB = 10_744, 100_000, 2**20
+    X = make_lda_corpus(40, V, 5, 20, seed=0)[0]
+    tokens = int(X.sum())
+    ds = write_sparse_rows(tmp_path / "corpus.zarr", X, np.zeros(40), n_shards=8)
+
+    def no_partition(self, spec):
+        raise AssertionError("plan_memory made a partition")
+
+    monkeypatch.setattr(LDAProgram, "init_partition", no_partition)
+    est = LatentDirichletAllocation(K, max_iter=1, random_state=0)
+    settings = {"dmp.memory.worker-base": "300MiB", "dmp.memory.collect-piece-bytes": "4MiB",
+                "distributed.worker.memory.pause": 0.85}
+    with dask.config.set(settings):
+        rows = plan_memory(est, ds, workers=[4, 8], memory_per_worker="1GiB", as_frame=False)
+    assert [r["workers"] for r in rows] == [4, 8]
+    for r, P in zip(rows, (4, 8)):
+        # the dense block, the word maps, the collected piece twice, the base; then at most
+        # 24 bytes per stored entry and 8 per token of the block in flight (its nonzeros)
+        fixed = -(-V // P) * K * 4 + V * 8 + 2 * 4 * MIB + 300 * MIB
+        assert fixed <= r["memory_per_worker"] <= fixed + 32 * tokens, (P, r)
+        assert r["memory_per_worker"] - r["partition_bytes"] == 2 * 4 * MIB + 300 * MIB
+    assert rows[0]["memory_per_worker"] > 0.85 * 2**30 > rows[1]["memory_per_worker"]
+    assert [r["fits"] for r in rows] == [False, True] and rows[0]["workers_needed"] == 8
+
+    program = LDAProgram(ds, n_topics=K, alpha=1 / K, beta=1 / K, n_sweeps=1,
+                         sampler="sparse", seed=seed_from(0))
+    specs = program.partition_specs(8)
+    need = rows[1]["memory_per_worker"]
+    names = [f"w{k}" for k in range(8)]
+    with dask.config.set(settings):
+        enough = int(np.ceil(need / 0.85))
+        check_partition_memory(program, specs, names, dict.fromkeys(names, enough))
+        assert plan_memory(est, ds, workers=[8], memory_per_worker=enough,
+                           as_frame=False)[0]["fits"]
+        short = enough - 64
+        with pytest.raises(InsufficientMemoryError, match="does not fit"):
+            check_partition_memory(program, specs, names, dict.fromkeys(names, short))
+        assert not plan_memory(est, ds, workers=[8], memory_per_worker=short,
+                               as_frame=False)[0]["fits"]

@@ -276,9 +276,9 @@ class ActorPartitionWorker(PartitionWorker):
         from distributed import get_worker
 
         super().__init__(program, spec, index)
-        self._worker = get_worker()
-        self._worker.handlers.setdefault(
-            RING_HANDLER, lambda comm: _ring_handler(comm, self._worker))
+        worker = self._worker = get_worker()
+        # the handler outlives this partition: it must not hold it (nor its state)
+        worker.handlers.setdefault(RING_HANDLER, lambda comm: _ring_handler(comm, worker))
         self._next_round = None
         self._cond = None
         self._incoming: dict = {}
