@@ -1,6 +1,26 @@
 """Linear models trained with model parallelism."""
 
-from ._lasso import Lasso
-from ._sparsified import SparsifiedSGDClassifier, SparsifiedSGDRegressor
+_EXPORTS = {
+    "Lasso": "._lasso",
+    "SparsifiedSGDClassifier": "._sparsified",
+    "SparsifiedSGDRegressor": "._sparsified",
+}
 
 __all__ = ["Lasso", "SparsifiedSGDClassifier", "SparsifiedSGDRegressor"]
+
+
+def __getattr__(name):
+    # the estimators (and scikit-learn under them) load when first asked for: a Dask worker
+    # unpickling a program of this package imports only the program's module
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
