@@ -34,7 +34,7 @@ exactly 4 GiB over 8 workers is 512 MiB of model alone.  The nanny still restart
 at 95% (973 MiB).
 
 The end of the LDA fit: the estimator assembles ``topic_word_counts_`` (int32, 4 GiB) and
-``components_`` (float64, 8 GiB) on the driver, which needs about 3-4 times the table there;
+``components_`` (float64, 8 GiB) on the driver, which needs about 3 times the table there;
 by default the benchmark streams the table off the workers through the same path
 (`DaskBackend.collect_stream`, 4 MiB pieces) into per-word and per-topic totals, checked
 against the corpus, and sets no ``components_`` (``--lda-collect`` keeps the estimator's

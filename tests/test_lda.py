@@ -101,7 +101,8 @@ def test_one_worker_equals_the_serial_reference(sampler, Kt):
     prog = LDAProgram(InMemorySparseRowDataset(X, np.zeros(40), n_shards=1), n_topics=Kt,
                       alpha=alpha, beta=beta, n_sweeps=sweeps, sampler=sampler, seed=seed)
     backend = LocalBackend(1)
-    res = run(prog, backend, max_iter=sweeps + 1)
+    res = run(prog, backend, max_iter=sweeps + 1,
+              collect=lambda b: prog.collect_counts(b, assignments=True))
     tok_doc, tok_row, tok_word, z = _serial_tokens(X, Kt, seed)
     n_dk = np.zeros((40, Kt), dtype=np.int64)
     n_wk = np.zeros((X.shape[1], Kt), dtype=np.int64)

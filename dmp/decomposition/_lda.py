@@ -261,7 +261,8 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         # staleness: the next batch of sub-rounds in flight while the driver scores the
         # last (the chain does not depend on it)
         return {"max_iter": P * (self.max_iter + 1), "staleness": 1,
-                "checkpoint_every": self.checkpoint_every * P}
+                "checkpoint_every": self.checkpoint_every * P,
+                "collect": fit.program.collect_counts}
 
     def _set_fitted(self, fit, result):
         dr, beta = fit.program.driver, fit.program.beta

@@ -69,7 +69,7 @@ class LDADriver(DriverState):
     n_tokens: int = 0
     #: "count" during the first rotation, then "sample"
     phase: str = "count"
-    #: the fit's result (`LDAProgram.finish`): topic-word counts, topic assignments
+    #: the fit's result (`LDAProgram.collect_counts`): topic-word counts, topic assignments
     n_kw: np.ndarray | None = field(default=None, repr=False)
     z: list | None = field(default=None, repr=False)
 
@@ -234,6 +234,8 @@ class LDAProgram(Program):
     primary_metric = "ll_per_token"
     primary_direction = "max"
     uses_ring = True
+    # the word-topic table comes over in pieces (`collect_counts`), not the whole partitions
+    gather_partitions = False
 
     def __init__(self, dataset, *, n_topics, alpha, beta, n_sweeps, sampler, seed):
         super().__init__()
@@ -623,14 +625,39 @@ class LDAProgram(Program):
         dr.n_tokens = int(state["n_tokens"])
         dr.t_sweep = time.time()
 
-    def finish(self, partition_arrays):
-        """Assemble the topic-word counts ``n_kw`` (topics x words, int32: built in place,
-        no words x topics copy) from the blocks, and collect the topic assignments."""
+    def collect_counts(self, backend, assignments: bool = False) -> np.ndarray:
+        """Bring the topic-word counts ``n_kw`` (topics x words, int32) to the driver at the
+        end of a fit (`dmp.engine.run`'s ``collect``): each partition's word block streams
+        over piece by piece (`Backend.collect_stream`) straight into its columns, so the
+        driver holds the table once, never the blocks besides it.  ``assignments``: also
+        collect every partition's topic assignments into ``driver.z`` (for tests)."""
         P = self.driver.P
         block, _ = word_blocks(self.n_words, P, self.seed, self.word_freq)
         n_kw = np.zeros((self.n_topics, self.n_words), dtype=np.int32)
-        for arrays in partition_arrays:
-            b = int(arrays["block_id"][0])
-            n_kw[:, np.flatnonzero(block == b)] = np.asarray(arrays["block"]).T
+        words = [np.flatnonzero(block == b) for b in range(P)]
+        held = {}
+        z = [None] * P
+
+        def sink(k, name, row, piece):
+            if name == "block_id":
+                held[k] = words[int(piece[0])]
+            elif name == "block":
+                n_kw[:, held[k][row:row + len(piece)]] = piece.T
+            elif name == "z":
+                z[k] = piece if z[k] is None else np.concatenate([z[k], piece])
+
+        backend.collect_stream(sink, method="collect_assignments" if assignments
+                               else "word_block")
         self.driver.n_kw = n_kw
-        self.driver.z = [np.asarray(a["z"]) for a in partition_arrays]
+        if assignments:
+            self.driver.z = z
+        return n_kw
+
+    def word_block(self, s) -> dict:
+        """The word block this partition holds after the last round (id first: the
+        collection sink needs it before the rows)."""
+        _, b, table = self._next_block(s)
+        return {"block_id": np.array([b]), "block": table}
+
+    def collect_assignments(self, s) -> dict:
+        return {**self.word_block(s), "z": s["z"]}
