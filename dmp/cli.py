@@ -605,6 +605,11 @@ def main(argv=None) -> int:
                 # a client closed while it tries to reach a lost scheduler again logs the
                 # cancelled attempt as an error (the run's own error says what happened)
                 return False
+            if (record.name == "distributed.client"
+                    and str(record.msg).startswith("Failed to reconnect to scheduler")):
+                # the client's own give-up when the scheduler is gone: the run's error
+                # (SchedulerLostError) says it in one line, with how to resume
+                return False
             return record.levelno >= logging.WARNING or not record.name.startswith(quiet)
 
         for handler in logging.getLogger().handlers:
