@@ -399,6 +399,42 @@ def test_score_perplexity_and_top_words():
         lda.top_words(2, vocab[:-1])
 
 
+
+def test_components_are_made_on_first_access_only():
+    """A fit leaves ``components_`` (topics x words float64, the largest attribute at large
+    K) unmade; transform, score and top_words give the same results without making it as
+    with it; first access makes ``topic_word_counts_ + beta`` and keeps it; a refit drops it."""
+    X, _, _ = lda_corpus(n_docs=60, n_words=80, n_topics=4, doc_len=30, seed=5)
+    lda = LatentDirichletAllocation(4, max_iter=5, backend="local", random_state=0).fit(X)
+    before = dict(vars(lda))
+    assert "_components" not in before
+    theta, score, top = lda.transform(X), lda.score(X), lda.top_words(5)
+    assert vars(lda).keys() == before.keys()
+    comp = lda.components_
+    assert comp.dtype == np.float64 and lda.components_ is comp
+    np.testing.assert_array_equal(comp, lda.topic_word_counts_ + lda.topic_word_prior_)
+    np.testing.assert_array_equal(lda.transform(X), theta)
+    assert lda.score(X) == score and lda.top_words(5) == top
+    # a user's components_ is what inference reads
+    lda.components_ = comp[:, ::-1].copy()
+    assert lda.top_words(1)[0] == [int(np.argmax(comp[0, ::-1]))]
+    lda.fit(X)
+    assert "_components" not in vars(lda) and lda.top_words(5) == top
+    with pytest.raises(AttributeError):
+        LatentDirichletAllocation(4).components_
+
+
+def test_word_rows_go_into_their_columns():
+    rng = np.random.default_rng(3)
+    piece = rng.integers(0, 9, (150, 70)).astype(np.int32)
+    for cols in (np.arange(150), np.sort(rng.choice(400, 150, replace=False))):
+        out = np.zeros((70, 400), dtype=np.int32)
+        kernels.rows_into_columns(piece, cols, out)
+        want = np.zeros_like(out)
+        want[:, cols] = piece.T
+        np.testing.assert_array_equal(out, want)
+
+
 # ---------------------------------------------------------------- input and conventions
 @pytest.mark.parametrize("X, match", [
     (sp.csr_matrix(np.array([[1.0, 2.0], [0.0, 0.0]])), "empty document"),

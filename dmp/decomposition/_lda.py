@@ -123,7 +123,8 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
     ----------
     components_ : ndarray of shape (n_components, n_features)
         Topic-word pseudo-counts ``n_kw + beta`` (as scikit-learn's: normalise each row for
-        the topic-word distributions).
+        the topic-word distributions), float64, made from ``topic_word_counts_`` on first
+        access and kept: a fit does not make it (8 GB at 100,000 topics and 10,000 words).
     topic_word_counts_ : ndarray of int32, shape (n_components, n_features)
     doc_topic_prior_, topic_word_prior_ : float
     log_likelihood_ : float
@@ -197,7 +198,26 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
 
     @property
     def _n_features_out(self):
-        return self.components_.shape[0]
+        return self._pseudo_counts_source().shape[0]
+
+    @property
+    def components_(self):
+        comp = self.__dict__.get("_components")
+        if comp is None:
+            comp = self._components = self.topic_word_counts_ + self.topic_word_prior_
+        return comp
+
+    @components_.setter
+    def components_(self, value):
+        self._components = value
+
+    def _pseudo_counts_source(self):
+        """``components_`` if it was made or set, else ``topic_word_counts_`` (the same
+        order within every row, and ``+ topic_word_prior_`` away).  What `transform`,
+        `score` and `top_words` read: they make no attribute (``components_`` at large K is
+        bigger than the counts twice over)."""
+        comp = self.__dict__.get("_components")
+        return self.topic_word_counts_ if comp is None else comp
 
     # ------------------------------------------------------------------ fitting
     def fit(self, X, y=None):
@@ -267,7 +287,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
     def _set_fitted(self, fit, result):
         dr, beta = fit.program.driver, fit.program.beta
         self.topic_word_counts_ = dr["n_kw"]
-        self.components_ = self.topic_word_counts_ + beta
+        self.__dict__.pop("_components", None)
         self.doc_topic_prior_, self.topic_word_prior_ = fit.program.alpha, beta
         self.log_likelihood_ = float(dr["ll"])
         self.n_iter_ = int(dr["sweep"])
@@ -277,14 +297,16 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
     # ------------------------------------------------------------------ inference
     def _topic_word(self) -> np.ndarray:
         """phi as words x topics: ``(n_kw + beta) / (n_k + V beta)``."""
-        comp = self.components_
+        comp = self.__dict__.get("_components")
+        if comp is None:
+            comp = self.topic_word_counts_ + self.topic_word_prior_
         return np.ascontiguousarray((comp / comp.sum(axis=1, keepdims=True)).T)
 
     def _fold_in(self, X) -> tuple[np.ndarray, np.ndarray]:
         """(doc-topic distributions, document lengths) by Gibbs fold-in, topics fixed."""
-        check_is_fitted(self, "components_")
+        check_is_fitted(self, "topic_word_counts_")
         X = check_counts(X, "X", self.n_features_in_)
-        Kt = self.components_.shape[0]
+        Kt = self._n_features_out
         counts = X.data.astype(np.int64)
         tok_word = np.repeat(X.indices.astype(np.int64), counts)
         rows = np.repeat(np.arange(X.shape[0]), np.diff(X.indptr))
@@ -338,16 +360,17 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
     def top_words(self, n: int = 10, vocabulary=None) -> list[list]:
         """The ``n`` most probable words of each topic (indices, or entries of
         ``vocabulary``)."""
-        check_is_fitted(self, "components_")
+        check_is_fitted(self, "topic_word_counts_")
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"n must be a positive integer, got {shown(n)}")
-        order = np.argsort(-self.components_, axis=1, kind="stable")[:, :n]
+        comp = self._pseudo_counts_source()
+        order = np.argsort(-comp, axis=1, kind="stable")[:, :n]
         if vocabulary is None:
             return order.tolist()
         vocab = np.asarray(vocabulary)
-        if vocab.ndim != 1 or len(vocab) != self.components_.shape[1]:
+        if vocab.ndim != 1 or len(vocab) != comp.shape[1]:
             raise ValueError(f"vocabulary has {vocab.shape} entries, but the model has "
-                             f"{self.components_.shape[1]} words")
+                             f"{comp.shape[1]} words")
         return [vocab[row].tolist() for row in order]
 
     def plot(self):

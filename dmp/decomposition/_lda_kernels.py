@@ -440,6 +440,24 @@ def unpack_nonzero(idx, val, flat):
 
 
 @njit(cache=True, nogil=True)
+def rows_into_columns(piece, cols, out):
+    """``out[:, cols[i]] = piece[i]`` for every row ``i`` of ``piece``: a word block's rows
+    (words x topics) into the topics x words table, transposed tile by tile so that reads
+    and writes both stay within a few cache lines (numpy's fancy-indexed transposed
+    assignment walked the table column by column)."""
+    R, K = piece.shape
+    T = 64
+    for i0 in range(0, R, T):
+        i1 = min(i0 + T, R)
+        for k0 in range(0, K, T):
+            k1 = min(k0 + T, K)
+            for i in range(i0, i1):
+                c = cols[i]
+                for k in range(k0, k1):
+                    out[k, c] = piece[i, k]
+
+
+@njit(cache=True, nogil=True)
 def word_loglik(n_wk, beta):
     """sum over the block's rows and topics of lgG(n_wk + b) - lgG(b) (nonzeros only)."""
     lg_b = math.lgamma(beta)

@@ -642,7 +642,7 @@ class LDAProgram(Program):
             if name == "block_id":
                 held[k] = words[int(piece[0])]
             elif name == "block":
-                n_kw[:, held[k][row:row + len(piece)]] = piece.T
+                kernels.rows_into_columns(piece, held[k][row:row + len(piece)], n_kw)
             elif name == "z":
                 z[k] = piece if z[k] is None else np.concatenate([z[k], piece])
 

@@ -264,7 +264,13 @@ def make_lda_corpus(n_docs=5_000, n_words=10_000, n_topics=50, doc_len=200, alph
     doc = np.repeat(np.arange(n_docs), lengths)
     # each token's topic by inverse CDF of its document's mixture, then its word likewise
     cum_theta = np.cumsum(theta, axis=1)
-    z = (rng.random(len(doc))[:, None] > cum_theta[doc]).sum(axis=1)
+    u = rng.random(len(doc))
+    z = np.empty(len(doc), dtype=np.int64)
+    # in pieces of about 32M comparisons: a token x topic table of a 10M-token corpus would
+    # be gigabytes (the same draws as in one piece)
+    step = max(1, 2**25 // n_topics)
+    for t in range(0, len(doc), step):
+        z[t:t + step] = (u[t:t + step, None] > cum_theta[doc[t:t + step]]).sum(axis=1)
     z = np.minimum(z, n_topics - 1)
     words = np.empty(len(doc), dtype=np.int64)
     cum_phi = np.cumsum(phi, axis=1)
