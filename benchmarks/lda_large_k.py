@@ -63,11 +63,11 @@ def run_dmp(X, K, sweeps, sampler):
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     h = est.history_
     loop = float(h["time"][-1])
-    # sweep s ends at the last sub-round of sweep s (one partition: one round a sweep,
-    # after the counting round)
-    sweep_times = np.diff(np.asarray(h["time"], dtype=float))[1:]
-    ll = [float(v) for v in h["ll_per_token"][1:]]
     n = est.n_tokens_
+    # one partition: one round a sweep after the counting round; each sweep's own time
+    # from the sampler's clock (tokens_per_s: tokens / the time since the sweep before)
+    sweep_times = n / np.asarray(h["tokens_per_s"], dtype=float)[1:]
+    ll = [float(v) for v in h["ll_per_token"][1:]]
     return {"wall_s": wall, "cpu_s": cpu, "loop_s": loop, "setup_s": wall - loop,
             "setup_share": (wall - loop) / wall, "sweeps": sweeps,
             "sweep_s_median": float(np.median(sweep_times)),
