@@ -42,6 +42,25 @@ def test_estimators_import_and_fit_in_process_without_zarr_or_distributed():
         f"(or dmp's settings are missing): {out}")
 
 
+
+def test_the_program_modules_a_worker_imports_load_no_scikit_learn():
+    """A Dask worker unpickling a program imports the program's module (and its package):
+    none of them pulls in the estimators and scikit-learn under them (about 1 s of CPU a
+    fresh worker paid on its first fit; BENCHMARKS.md, "Setup on 8 workers against 1")."""
+    code = textwrap.dedent("""
+        import sys
+        import dmp.linear_model._lasso_program, dmp.linear_model._sparsified_program
+        import dmp.decomposition._lda_program, dmp.decomposition._mf_program
+        import dmp.hashing._parmac
+        print(sorted(m for m in sys.modules if m.split(".")[0] == "sklearn")[:3])
+        from dmp.hashing import BinaryAutoencoder, itq
+        print("sklearn" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out == ["[]", "True"], out
+
+
 class _SeparateGapRounds(LassoProgram):
     """The same program with every gap check in a round of its own."""
 

@@ -2,13 +2,34 @@
 Hamming search, linear baselines (PCA hashing, ITQ) and the ParMAC speed-up model
 (docs/algorithms.md, "ParMAC binary autoencoders")."""
 
-from ._ba import BinaryAutoencoder
-from ._itq import LinearHash, itq, pca_hash, quantization_loss
-from ._retrieval import (euclidean_neighbors, hamming_search, pack_codes,
-                         retrieval_precision, unpack_codes)
-from ._speedup import measured_costs, parmac_speedup, parmac_time
-from ._zstep import z_step
+_EXPORTS = {
+    "BinaryAutoencoder": "._ba",
+    "LinearHash": "._itq", "itq": "._itq", "pca_hash": "._itq", "quantization_loss": "._itq",
+    "euclidean_neighbors": "._retrieval", "hamming_search": "._retrieval",
+    "pack_codes": "._retrieval", "retrieval_precision": "._retrieval",
+    "unpack_codes": "._retrieval",
+    "measured_costs": "._speedup", "parmac_speedup": "._speedup", "parmac_time": "._speedup",
+    "z_step": "._zstep",
+}
 
 __all__ = ["BinaryAutoencoder", "LinearHash", "itq", "pca_hash", "quantization_loss",
            "euclidean_neighbors", "hamming_search", "pack_codes", "retrieval_precision",
            "unpack_codes", "z_step", "parmac_time", "parmac_speedup", "measured_costs"]
+
+
+def __getattr__(name):
+    # loaded when first asked for: a Dask worker unpickling the ParMAC program imports only
+    # its module, not the estimator and scikit-learn under it (a fresh worker's first fit
+    # paid ~1 s of CPU for them)
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

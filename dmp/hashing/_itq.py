@@ -8,7 +8,6 @@ directions ``V``, then find the rotation ``R`` minimising the quantisation loss
 from __future__ import annotations
 
 import numpy as np
-from sklearn.utils import check_random_state
 
 
 class LinearHash:
@@ -64,6 +63,8 @@ def itq(X, n_bits: int, *, n_iter: int = 50, random_state=None) -> LinearHash:
     matches the signs (``n_iter`` alternations from a random orthogonal matrix)."""
     X, mean, W = _principal(X, n_bits)
     V = (X - mean) @ W
+    from sklearn.utils import check_random_state
+
     rng = check_random_state(random_state)
     R, _ = np.linalg.qr(rng.standard_normal((int(n_bits), int(n_bits))))
     for _ in range(int(n_iter)):
