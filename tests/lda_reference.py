@@ -100,6 +100,83 @@ def sparse_sweep(tok_doc, tok_word, z, n_dk, n_wk, n_k, u, alpha, beta, vbeta, d
         X += alpha * (phi[k] - old)
 
 
+
+def bucket_sweep(tok_doc, tok_word, z, n_dk, n_wk, n_k, u, alpha, beta, vbeta, doc_topics):
+    """One sweep of the three-bucket sampler: ``p(k)`` split into the document bucket
+    ``n_dk (n_wk + b) g_k``, the word bucket ``a n_wk g_k`` and the smoothing bucket
+    ``a b g_k`` (``g_k = 1 / (n_k + V b)``), drawn in that order.  The document's topic list
+    is kept as in `sparse_sweep`; the word's list holds the topics of its row when the word
+    starts, in increasing order, then each topic new to the row at the end; the bucket
+    totals are kept up to date as the kernel keeps them (same sums in the same order)."""
+    Kt = n_k.shape[0]
+    g = [1.0 / (n_k[k] + vbeta) for k in range(Kt)]
+    gsum = 0.0
+    for k in range(Kt):
+        gsum += g[k]
+    ab = alpha * beta
+    w_prev = -1
+    wlist, wval, W = [], [], 0.0
+    for i in range(len(tok_doc)):
+        d, w, k_old = tok_doc[i], tok_word[i], z[i]
+        if w != w_prev:
+            wlist = [k for k in range(Kt) if n_wk[w, k] != 0]
+            wval = [n_wk[w, k] * g[k] for k in wlist]
+            W = 0.0
+            for v in wval:
+                W += v
+            w_prev = w
+        n_dk[d, k_old] -= 1
+        n_wk[w, k_old] -= 1
+        n_k[k_old] -= 1
+        old = g[k_old]
+        g[k_old] = 1.0 / (n_k[k_old] + vbeta)
+        gsum += g[k_old] - old
+        j = wlist.index(k_old)
+        old = wval[j]
+        wval[j] = n_wk[w, k_old] * g[k_old]
+        W += wval[j] - old
+        lst = doc_topics[d]
+        Y = 0.0
+        cum = []
+        for t in lst:
+            Y += n_dk[d, t] * ((n_wk[w, t] + beta) * g[t])
+            cum.append(Y)
+        aW = alpha * W
+        target = u[i] * (Y + aW + ab * gsum)
+        if target < Y:
+            k = lst[min(sum(c <= target for c in cum), len(lst) - 1)]
+        else:
+            target -= Y
+            if target < aW:
+                hit = np.flatnonzero(target / alpha < np.cumsum(wval))
+                k = wlist[int(hit[0]) if len(hit) else len(wlist) - 1]
+            else:
+                hit = np.flatnonzero((target - aW) / ab < np.cumsum(g))
+                k = int(hit[0]) if len(hit) else Kt - 1
+        z[i] = k
+        if k not in lst:
+            if n_dk[d, k_old] == 0:
+                lst[lst.index(k_old)] = k
+            else:
+                lst.append(k)
+        n_dk[d, k] += 1
+        if n_dk[d, k_old] == 0 and k_old in lst:
+            j = lst.index(k_old)
+            lst[j] = lst[-1]
+            lst.pop()
+        n_wk[w, k] += 1
+        n_k[k] += 1
+        old = g[k]
+        g[k] = 1.0 / (n_k[k] + vbeta)
+        gsum += g[k] - old
+        if k not in wlist:
+            wlist.append(k)
+            wval.append(0.0)
+        j = wlist.index(k)
+        old = wval[j]
+        wval[j] = n_wk[w, k] * g[k]
+        W += wval[j] - old
+
 def log_joint(n_dk, n_wk, alpha, beta):
     """log p(w, z) (Griffiths and Steyvers), with scipy-free lgamma over all entries."""
     lg = np.vectorize(math.lgamma)

@@ -38,7 +38,8 @@ def matched_cosine(A, B) -> float:
 # ---------------------------------------------------------------- the samplers' kernels
 # K = 300: the sparse sampler's dense bucket is searched with its Fenwick tree
 @pytest.mark.parametrize("sampler, Kt", [("dense", 7), ("sparse", 7),
-                                         ("sparse", kernels.TREE_MIN_TOPICS + 44)])
+                                         ("sparse", kernels.TREE_MIN_TOPICS + 44),
+                                         ("buckets", 7), ("buckets", 300)])
 def test_one_draw_follows_the_exact_conditional(sampler, Kt):
     """A token's topic as a function of its uniform: the intervals of [0, 1) leading to each
     topic have the lengths of the exact collapsed conditional."""
@@ -69,6 +70,8 @@ def test_one_draw_follows_the_exact_conditional(sampler, Kt):
                 np.array([g]), alpha, beta, vbeta, dnz_ptr, dnz, dnz_cnt)
         if sampler == "dense":
             kernels.sample_dense(*args, np.zeros((1, Kt)), np.empty(Kt), np.empty(Kt))
+        elif sampler == "buckets":
+            kernels.sample_buckets(*args, *bucket_scratch(Kt))
         else:
             kernels.sample_sparse(*args, np.empty(Kt), np.empty(Kt), np.empty(Kt + 1))
         hits[z[0]] += 1
@@ -79,7 +82,16 @@ def test_one_draw_follows_the_exact_conditional(sampler, Kt):
         moved[0, z[0]] += 1
         np.testing.assert_array_equal(nd, moved)
         assert nw[3].sum() == n_wk[3].sum() and nk.sum() == n_k.sum()
-    np.testing.assert_allclose(hits / len(grid), p, atol=1.0 / len(grid) * 2)
+    # a topic's mass is one interval per bucket (two buckets, three for "buckets"); each
+    # interval's count on the grid is off by at most one point
+    intervals = 3 if sampler == "buckets" else 2
+    np.testing.assert_allclose(hits / len(grid), p, atol=intervals / len(grid))
+
+
+def bucket_scratch(Kt):
+    """``sample_buckets``' scratch: ``g, h, gtree, wtop, wpos, wval, wtree, ybuf``."""
+    return (np.empty(Kt), np.empty(Kt), np.empty(Kt + 1), np.empty(Kt, np.int32),
+            np.full(Kt, -1, np.int32), np.empty(Kt), np.empty(Kt + 1), np.empty(Kt))
 
 
 def _serial_tokens(X, n_topics, seed):
@@ -92,7 +104,8 @@ def _serial_tokens(X, n_topics, seed):
 
 
 @pytest.mark.parametrize("sampler, Kt", [("dense", 4), ("sparse", 4),
-                                         ("sparse", kernels.TREE_MIN_TOPICS + 44)])
+                                         ("sparse", kernels.TREE_MIN_TOPICS + 44),
+                                         ("buckets", 4), ("buckets", 300)])
 def test_one_worker_equals_the_serial_reference(sampler, Kt):
     """With one worker the rotation sampler is serial CGS: same seed, same traversal order,
     same uniforms -> the same assignments and counts as the plain Python sampler."""
@@ -116,6 +129,9 @@ def test_one_worker_equals_the_serial_reference(sampler, Kt):
         if sampler == "dense":
             ref.dense_sweep(tok_doc, tok_row, z, n_dk, n_wk, n_k, u, alpha, beta,
                             X.shape[1] * beta)
+        elif sampler == "buckets":
+            ref.bucket_sweep(tok_doc, tok_row, z, n_dk, n_wk, n_k, u, alpha, beta,
+                             X.shape[1] * beta, doc_topics)
         else:
             ref.sparse_sweep(tok_doc, tok_row, z, n_dk, n_wk, n_k, u, alpha, beta,
                              X.shape[1] * beta, doc_topics)
@@ -127,13 +143,14 @@ def test_one_worker_equals_the_serial_reference(sampler, Kt):
     np.testing.assert_allclose(got, lls, rtol=1e-10)
 
 
-def test_auto_takes_the_dense_sampler_at_small_k():
+def test_auto_takes_the_dense_sampler_at_small_k_and_buckets_at_large_k():
     X, _, _ = lda_corpus(n_docs=20, n_words=30, n_topics=3, doc_len=10)
     ds = InMemorySparseRowDataset(X, np.zeros(20), n_shards=1)
     picked = {K: LDAProgram(ds, n_topics=K, alpha=0.1, beta=0.1, n_sweeps=1, sampler="auto",
                             seed=0).sampler
-              for K in (2, kernels.DENSE_MAX_TOPICS, kernels.DENSE_MAX_TOPICS + 1)}
-    assert list(picked.values()) == ["dense", "dense", "sparse"]
+              for K in (2, kernels.DENSE_MAX_TOPICS, kernels.DENSE_MAX_TOPICS + 1,
+                        kernels.BUCKETS_MIN_TOPICS - 1, kernels.BUCKETS_MIN_TOPICS)}
+    assert list(picked.values()) == ["dense", "dense", "sparse", "sparse", "buckets"]
     est = LatentDirichletAllocation(3, max_iter=2, backend="local", random_state=0).fit(X)
     assert est.sampler == "auto" and np.isfinite(est.log_likelihood_)
 
@@ -164,7 +181,8 @@ def test_a_block_waits_packed_unless_the_next_push_needs_it_now():
     assert s["inbox"][1][1] is packed
 
 
-@pytest.mark.parametrize("P, sampler", [(2, "sparse"), (3, "sparse"), (2, "dense")])
+@pytest.mark.parametrize("P, sampler", [(2, "sparse"), (3, "sparse"), (2, "dense"),
+                                       (3, "buckets")])
 def test_count_invariants_after_every_sub_round(P, sampler):
     """After every sub-round: doc-topic rows sum to document lengths, no negative counts,
     every word block held by exactly one partition, and (once the first rotation has built

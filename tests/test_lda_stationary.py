@@ -77,7 +77,7 @@ def test_the_test_tells_a_wrong_conditional_apart():
     assert _tv(_stationary_of_sweep(False), post) > 2 * TOLERANCE
 
 
-@pytest.mark.parametrize("sampler", ["dense", "sparse"])
+@pytest.mark.parametrize("sampler", ["dense", "sparse", "buckets"])
 def test_long_run_assignments_follow_the_exact_posterior(sampler):
     """The kernel's chain (one call per sweep, as a one-partition fit) visits the 81
     assignments with the posterior's frequencies, and its counts stay those of z."""
@@ -90,12 +90,18 @@ def test_long_run_assignments_follow_the_exact_posterior(sampler):
     dnz_ptr, dnz, dnz_cnt = kernels.doc_topic_lists(TOK_DOC, z, D, K)
     n_dk = np.zeros((D, K))
     phi, buf, tree = np.empty(K), np.empty(K), np.empty(K + 1)
+    wtop, wpos = np.empty(K, np.int32), np.full(K, -1, np.int32)
+    wval, wtree = np.empty(K), np.empty(K + 1)
     U = rng.random((SWEEPS, N))
     seen = np.empty((SWEEPS, N), dtype=np.int32)
     for s in range(SWEEPS):
         if sampler == "dense":
             kernels.sample_dense(0, N, TOK_ROW, TOK_DOC, z, n_wk, n_k, U[s], ALPHA, BETA,
                                  V * BETA, dnz_ptr, dnz, dnz_cnt, n_dk, phi, buf)
+        elif sampler == "buckets":
+            kernels.sample_buckets(0, N, TOK_ROW, TOK_DOC, z, n_wk, n_k, U[s], ALPHA, BETA,
+                                   V * BETA, dnz_ptr, dnz, dnz_cnt, phi, np.empty(K), tree, wtop, wpos,
+                                   wval, wtree, buf)
         else:
             kernels.sample_sparse(0, N, TOK_ROW, TOK_DOC, z, n_wk, n_k, U[s], ALPHA, BETA,
                                   V * BETA, dnz_ptr, dnz, dnz_cnt, phi, buf, tree)

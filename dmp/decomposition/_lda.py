@@ -97,11 +97,14 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         Gibbs sweeps (each samples every token once).
     schedule : {"rotation"}
         The STRADS word-rotation schedule (the only one).
-    sampler : {"auto", "sparse", "dense"}, default "auto"
+    sampler : {"auto", "sparse", "dense", "buckets"}, default "auto"
         ``"sparse"``: STRADS "sample by word", cost per token growing with the topics present
-        in the document; ``"dense"``: O(K) per token, vectorised over the topics (the
-        faster one at small K); ``"auto"``: dense up to 50 topics, else sparse.  All draw
-        from the same conditional distribution.
+        in the document, and O(K) per word; ``"dense"``: O(K) per token, vectorised over
+        the topics (the faster one at small K); ``"buckets"``: SparseLDA's three buckets in
+        word order, no O(K) arithmetic per word (the faster one at large K, and on many
+        workers, each of which samples every word once a sweep); ``"auto"``: dense up to 50
+        topics, sparse below 1,000, buckets from 1,000.  All draw from the same conditional
+        distribution.
     transform_max_iter : int, default 50
         Gibbs fold-in sweeps of `transform` (the second half is averaged).
     backend : {"auto", "local", "dask"}, Client or backend, default "auto"
@@ -155,7 +158,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         "topic_word_prior": [Interval(numbers.Real, 0, None, closed="neither"), None],
         "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
         "schedule": [StrOptions({"rotation"})],
-        "sampler": [StrOptions({"auto", "sparse", "dense"})],
+        "sampler": [StrOptions({"auto", "sparse", "dense", "buckets"})],
         "transform_max_iter": [Interval(numbers.Integral, 2, None, closed="left")],
     }
 

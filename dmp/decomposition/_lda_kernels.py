@@ -5,7 +5,7 @@ the tokens ``[t0, t1)``, all of whose words lie in the block whose word-topic ro
 partition holds, using one uniform number per token (drawn by the caller, so that every
 backend and the numpy reference in the tests consume the same stream).
 
-Two samplers draw from the same conditional
+Three samplers draw from the same conditional
 ``p(z = k) ∝ (n_dk + alpha) (n_wk + beta) / (n_k + V beta)`` (counts without the token):
 
 * ``dense``: inverse CDF over the K topics in order, O(K) per token, on a dense row of the
@@ -17,7 +17,11 @@ Two samplers draw from the same conditional
   document's nonzero topics only.  ``u < Y`` picks among the document's topics, otherwise
   ``k`` is found in the dense bucket (for K >= 256 by descending a Fenwick tree over ``phi``,
   kept up to date with the two changes of each token).  Cost O(K_d + log K) per token and O(K) once
-  per word (rebuilding ``phi`` and its tree).
+  per word (rebuilding ``phi`` and its tree);
+* ``buckets``: SparseLDA's document, word and smoothing buckets (`sample_buckets`): O(K_d +
+  log K) per token and, per word, a scan of its row for its nonzeros and O(K_w) -- no O(K)
+  arithmetic per word, which at large K and on many partitions (each samples every word
+  once a sweep) is most of ``sparse``'s cost.
 
 A document's topic counts exist only in sparse form: its nonzero topics and their counts are
 the rows ``dnz[dnz_ptr[d]:dnz_ptr[d] + dnz_cnt[d]]`` (``[topic, count]`` pairs of 16-bit
@@ -129,6 +133,18 @@ def count_block(t0, t1, tok_row, tok_doc, z, n_wk):
 #: vectorised over the topics, beats the sparse sampler's O(K_d) with its branches up to
 #: about K = 50 (BENCHMARKS.md, "LDA at small K")
 DENSE_MAX_TOPICS = 50
+
+def pick_sampler(n_topics: int) -> str:
+    """``sampler="auto"``'s choice: ``"dense"`` up to `DENSE_MAX_TOPICS` topics, else
+    ``"sparse"`` below `BUCKETS_MIN_TOPICS`, else ``"buckets"``."""
+    if n_topics <= DENSE_MAX_TOPICS:
+        return "dense"
+    return "sparse" if n_topics < BUCKETS_MIN_TOPICS else "buckets"
+
+
+#: from this many topics ``sampler="auto"`` takes the three-bucket sampler (no O(K) work per
+#: word; BENCHMARKS.md, "LDA at 10,000 topics and beyond")
+BUCKETS_MIN_TOPICS = 1000
 
 # the dense sampler's sums over the topics may be reassociated (vectorised); nothing else is
 # relaxed (no reciprocal approximations, NaN or infinity assumptions)
@@ -355,6 +371,205 @@ def sample_sparse(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
         X += alpha * (phi[k] - old)
         if use_tree:
             _fenwick_add(tree, k, phi[k] - old)
+
+
+@njit(cache=True, nogil=True)
+def _fenwick_search_n(tree, n, target, top):
+    """`_fenwick_search` over the first ``n`` values of ``tree`` (``top``: the largest power
+    of two not above ``n``)."""
+    pos = 0
+    step = top
+    while step > 0:
+        nxt = pos + step
+        if nxt <= n and tree[nxt] <= target:
+            pos = nxt
+            target -= tree[nxt]
+        step >>= 1
+    return pos if pos < n else n - 1
+
+
+@njit(cache=True, nogil=True)
+def _fenwick_add_n(tree, n, k, delta):
+    i = k + 1
+    while i <= n:
+        tree[i] += delta
+        i += i & -i
+
+
+@njit(cache=True, nogil=True)
+def _fenwick_prefix(tree, i):
+    """The sum of the first ``i`` values."""
+    total = 0.0
+    while i > 0:
+        total += tree[i]
+        i -= i & -i
+    return total
+
+
+@njit(cache=True, nogil=True)
+def _fenwick_append(tree, n, value):
+    """Append ``value`` as the ``n + 1``-th value of the tree over the first ``n``."""
+    i = n + 1
+    tree[i] = value + _fenwick_prefix(tree, n) - _fenwick_prefix(tree, i - (i & -i))
+
+
+@njit(cache=True, nogil=True)
+def _row_nonzeros(row, out):
+    """The positions of ``row``'s nonzeros into ``out``; returns how many.  Eight entries
+    at a time are skipped when all are zero (most of a row at large K); inside a group
+    with a nonzero the positions are written branch-free."""
+    K = row.shape[0]
+    n = 0
+    k0 = 0
+    while k0 + 8 <= K:
+        if (row[k0] | row[k0 + 1] | row[k0 + 2] | row[k0 + 3] | row[k0 + 4] | row[k0 + 5]
+                | row[k0 + 6] | row[k0 + 7]) != 0:
+            for k in range(k0, k0 + 8):
+                out[n] = k
+                n += row[k] != 0
+        k0 += 8
+    for k in range(k0, K):
+        out[n] = k
+        n += row[k] != 0
+    return n
+
+
+@njit(cache=True, nogil=True)
+def sample_buckets(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
+                   dnz_ptr, dnz, dnz_cnt, g, h, gtree, wtop, wpos, wval, wtree, ybuf):
+    """Three-bucket collapsed Gibbs sweep over tokens ``[t0, t1)``: no O(K) work per word.
+
+    With ``g_k = 1 / (n_k + V beta)`` the conditional splits into
+    ``n_dk (n_wk + beta) g_k`` (the document bucket, over the document's pairs),
+    ``alpha n_wk g_k`` (the word bucket, over the topics the word's row holds, searched
+    through a Fenwick tree of their values) and ``alpha beta g_k`` (the smoothing bucket,
+    over all K topics through a Fenwick tree of ``g`` kept for the call) -- SparseLDA's
+    buckets (Yao, Mimno and McCallum, 2009) in word-major order.  A new word costs a scan of
+    its row for its nonzeros (compares only) and O(K_w); ``sample_sparse`` rebuilds a
+    K-wide ``phi`` and its tree per word, which at large K, and on every one of P partitions
+    (each samples every word once a sweep), outweighs the tokens.
+
+    ``h_k = (n_wk + beta) g_k`` of the current word, the document bucket's factor, is kept
+    for every topic: ``beta g_k`` where the word's row is zero, set for the word's listed
+    topics when it starts and put back when it ends (one load a pair, as ``phi`` in
+    `sample_sparse`, without the O(K) rebuild).
+
+    Scratch: ``g``, ``h``, ``wval``, ``ybuf`` (K floats), ``gtree``, ``wtree`` (K + 1
+    floats), ``wtop`` (K ints), ``wpos`` (K ints, -1 on entry and left so).
+    """
+    K = n_k.shape[0]
+    gsum = 0.0
+    for k in range(K):
+        g[k] = 1.0 / (n_k[k] + vbeta)
+        gsum += g[k]
+        h[k] = beta * g[k]
+    _fenwick_build(gtree, g)
+    gtop = 1
+    while gtop * 2 <= K:
+        gtop *= 2
+    ab = alpha * beta
+    nw = 0
+    wtop_pow = 1
+    W = 0.0
+    w_prev = -1
+    for i in range(t0, t1):
+        d = tok_doc[i]
+        w = tok_row[i]
+        if w != w_prev:
+            # new word: the topics its row holds, their values and tree (the last word's
+            # positions cleared)
+            for j in range(nw):
+                k = wtop[j]
+                wpos[k] = -1
+                h[k] = beta * g[k]
+            nw = _row_nonzeros(n_wk[w], wtop)
+            W = 0.0
+            for j in range(nw):
+                k = wtop[j]
+                wpos[k] = j
+                wval[j] = n_wk[w, k] * g[k]
+                W += wval[j]
+                h[k] = (n_wk[w, k] + beta) * g[k]
+            _fenwick_build(wtree[:nw + 1], wval[:nw])
+            wtop_pow = 1
+            while wtop_pow * 2 <= nw:
+                wtop_pow *= 2
+            w_prev = w
+        # the token leaves its topic: its count, g and the two trees
+        k_old = z[i]
+        n_wk[w, k_old] -= 1
+        n_k[k_old] -= 1
+        old = g[k_old]
+        g[k_old] = 1.0 / (n_k[k_old] + vbeta)
+        gsum += g[k_old] - old
+        _fenwick_add(gtree, k_old, g[k_old] - old)
+        h[k_old] = (n_wk[w, k_old] + beta) * g[k_old]
+        j = wpos[k_old]
+        old = wval[j]
+        wval[j] = n_wk[w, k_old] * g[k_old]
+        W += wval[j] - old
+        _fenwick_add_n(wtree, nw, j, wval[j] - old)
+        # the document bucket over its pairs, the token's own count taken off on the way
+        base = dnz_ptr[d]
+        nd = dnz_cnt[d]
+        j_old = 0
+        Y = 0.0
+        for j in range(nd):
+            t = dnz[base + j, 0]
+            c = dnz[base + j, 1]
+            if t == k_old:
+                c -= 1
+                dnz[base + j, 1] = c
+                j_old = j
+            Y += c * h[t]
+            ybuf[j] = Y
+        aW = alpha * W
+        target = u[i - t0] * (Y + aW + ab * gsum)
+        if target < Y:
+            jk = 0
+            for j in range(nd):
+                jk += ybuf[j] <= target
+            if jk >= nd:
+                jk = nd - 1
+            k = dnz[base + jk, 0]
+            dnz[base + jk, 1] += 1
+        else:
+            target -= Y
+            if target < aW:
+                k = wtop[_fenwick_search_n(wtree, nw, target / alpha, wtop_pow)]
+            else:
+                k = _fenwick_search(gtree, (target - aW) / ab, gtop)
+            nd = _dnz_increment(dnz, base, nd, k, j_old if dnz[base + j_old, 1] == 0 else -1)
+        if dnz[base + j_old, 1] == 0:
+            nd -= 1
+            dnz[base + j_old, 0] = dnz[base + nd, 0]
+            dnz[base + j_old, 1] = dnz[base + nd, 1]
+        dnz_cnt[d] = nd
+        # the token joins topic k (a topic new to the word's row joins its list)
+        z[i] = k
+        n_wk[w, k] += 1
+        n_k[k] += 1
+        old = g[k]
+        g[k] = 1.0 / (n_k[k] + vbeta)
+        gsum += g[k] - old
+        _fenwick_add(gtree, k, g[k] - old)
+        h[k] = (n_wk[w, k] + beta) * g[k]
+        j = wpos[k]
+        if j < 0:
+            j = nw
+            wtop[j] = k
+            wpos[k] = j
+            wval[j] = 0.0
+            _fenwick_append(wtree, nw, 0.0)
+            nw += 1
+            if wtop_pow * 2 <= nw:
+                wtop_pow *= 2
+        old = wval[j]
+        wval[j] = n_wk[w, k] * g[k]
+        W += wval[j] - old
+        _fenwick_add_n(wtree, nw, j, wval[j] - old)
+    for j in range(nw):
+        wpos[wtop[j]] = -1
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

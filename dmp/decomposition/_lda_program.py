@@ -223,9 +223,8 @@ class LDAProgram(Program):
     n_topics, alpha, beta : int, float, float
     n_sweeps : int
         Gibbs sweeps after the counting rotation.
-    sampler : {"sparse", "dense", "auto"}
-        ``"auto"``: dense up to ``DENSE_MAX_TOPICS`` topics, else sparse (`sampler` holds
-        the one picked).
+    sampler : {"sparse", "dense", "buckets", "auto"}
+        ``"auto"``: `pick_sampler`'s choice (`sampler` holds the one picked).
     seed : int
     """
 
@@ -239,10 +238,11 @@ class LDAProgram(Program):
 
     def __init__(self, dataset, *, n_topics, alpha, beta, n_sweeps, sampler, seed):
         super().__init__()
-        if sampler not in ("sparse", "dense", "auto"):
-            raise ValueError(f"sampler must be 'sparse', 'dense' or 'auto', got {sampler!r}")
+        if sampler not in ("sparse", "dense", "buckets", "auto"):
+            raise ValueError(f"sampler must be 'sparse', 'dense', 'buckets' or 'auto', got "
+                             f"{sampler!r}")
         if sampler == "auto":
-            sampler = "dense" if n_topics <= kernels.DENSE_MAX_TOPICS else "sparse"
+            sampler = kernels.pick_sampler(n_topics)
         self.dataset = dataset
         self.n_topics = int(n_topics)
         self.alpha = float(alpha)
@@ -381,7 +381,17 @@ class LDAProgram(Program):
         before = n_k.copy()
         u = round_uniforms(self.seed, round, s["p"], t1 - t0, out=s["u"])
         vbeta = self.n_words * self.beta
-        if self.sampler == "sparse":
+        if self.sampler == "buckets":
+            if "wpos" not in s:
+                # the word bucket's list, positions (-1: not listed), values and tree
+                K = self.n_topics
+                s["wtop"], s["wpos"] = np.empty(K, np.int32), np.full(K, -1, np.int32)
+                s["wval"], s["wtree"], s["h"] = np.empty(K), np.empty(K + 1), np.empty(K)
+            kernels.sample_buckets(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table, n_k, u,
+                                   self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz"],
+                                   s["dnz_cnt"], s["phi"], s["h"], s["tree"], s["wtop"],
+                                   s["wpos"], s["wval"], s["wtree"], s["buf"])
+        elif self.sampler == "sparse":
             kernels.sample_sparse(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table, n_k, u,
                                   self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz"],
                                   s["dnz_cnt"], s["phi"], s["buf"], s["tree"])
