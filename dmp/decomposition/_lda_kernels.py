@@ -280,6 +280,56 @@ def _fenwick_search(tree, target, top):
 
 
 @njit(cache=True, nogil=True)
+def _doc_bucket(dnz, base, nd, k_old, factor, ybuf):
+    """The document bucket ``sum_j c_j factor[t_j]`` over a document's pairs, its running
+    sums into ``ybuf``, the token's own count taken off its topic ``k_old`` on the way (one
+    pass: no separate search for the old topic's pair).  Returns the total and the old
+    topic's pair."""
+    j_old = 0
+    Y = 0.0
+    for j in range(nd):
+        t = dnz[base + j, 0]
+        c = dnz[base + j, 1]
+        if t == k_old:
+            c -= 1
+            dnz[base + j, 1] = c
+            j_old = j
+        Y += c * factor[t]
+        ybuf[j] = Y
+    return Y, j_old
+
+
+@njit(cache=True, nogil=True)
+def _doc_pick(dnz, base, nd, ybuf, target):
+    """The topic of the first pair whose running sum exceeds ``target`` (< the total), its
+    count raised by one.  The first such pair = the number of running sums not above the
+    target (they never decrease): a branch-free count, no mispredicted early exit
+    (BENCHMARKS.md, "A leaner sampler")."""
+    jk = 0
+    for j in range(nd):
+        jk += ybuf[j] <= target
+    if jk >= nd:
+        jk = nd - 1
+    dnz[base + jk, 1] += 1
+    return dnz[base + jk, 0]
+
+
+@njit(cache=True, nogil=True)
+def _doc_settle(dnz, base, nd, j_old, k):
+    """After a draw of ``k`` outside the document bucket: ``k`` joins the document (taking
+    the pair the old topic just emptied, if it did: never more pairs than tokens, so the
+    capacity min(N_d, K) holds); then, either way, an emptied old pair is replaced by the
+    last one.  Returns the number of pairs."""
+    if k >= 0:
+        nd = _dnz_increment(dnz, base, nd, k, j_old if dnz[base + j_old, 1] == 0 else -1)
+    if dnz[base + j_old, 1] == 0:
+        nd -= 1
+        dnz[base + j_old, 0] = dnz[base + nd, 0]
+        dnz[base + j_old, 1] = dnz[base + nd, 1]
+    return nd
+
+
+@njit(cache=True, nogil=True)
 def sample_sparse(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
                   dnz_ptr, dnz, dnz_cnt, phi, ybuf, tree):
     """Sparse ("sample by word") collapsed Gibbs sweep over tokens ``[t0, t1)``.
@@ -315,33 +365,13 @@ def sample_sparse(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
         X += alpha * (phi[k_old] - old)
         if use_tree:
             _fenwick_add(tree, k_old, phi[k_old] - old)
-        # the document bucket over its pairs, the token's own count taken off on the way
-        # (one pass: no separate search for the old topic's pair)
         base = dnz_ptr[d]
         nd = dnz_cnt[d]
-        j_old = 0
-        Y = 0.0
-        for j in range(nd):
-            t = dnz[base + j, 0]
-            c = dnz[base + j, 1]
-            if t == k_old:
-                c -= 1
-                dnz[base + j, 1] = c
-                j_old = j
-            Y += c * phi[t]
-            ybuf[j] = Y
+        Y, j_old = _doc_bucket(dnz, base, nd, k_old, phi, ybuf)
         target = u[i - t0] * (X + Y)
+        k_new = -1
         if target < Y:
-            # the first pair whose running sum exceeds the target = the number of running
-            # sums not above it (they never decrease): a branch-free count, no mispredicted
-            # early exit (BENCHMARKS.md, "A leaner sampler")
-            jk = 0
-            for j in range(nd):
-                jk += ybuf[j] <= target
-            if jk >= nd:
-                jk = nd - 1
-            k = dnz[base + jk, 0]
-            dnz[base + jk, 1] += 1
+            k = _doc_pick(dnz, base, nd, ybuf, target)
         else:
             if use_tree:
                 k = _fenwick_search(tree, (target - Y) / alpha, top)
@@ -354,14 +384,8 @@ def sample_sparse(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
                     if target < acc:
                         k = j
                         break
-            # a new topic takes the pair the old one just emptied, if it did (never more
-            # pairs than tokens: the capacity min(N_d, K) holds)
-            nd = _dnz_increment(dnz, base, nd, k, j_old if dnz[base + j_old, 1] == 0 else -1)
-        if dnz[base + j_old, 1] == 0:
-            # the old topic left the document: the last pair takes its place
-            nd -= 1
-            dnz[base + j_old, 0] = dnz[base + nd, 0]
-            dnz[base + j_old, 1] = dnz[base + nd, 1]
+            k_new = k
+        nd = _doc_settle(dnz, base, nd, j_old, k_new)
         dnz_cnt[d] = nd
         z[i] = k
         n_wk[w, k] += 1
@@ -509,41 +533,22 @@ def sample_buckets(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta
         wval[j] = n_wk[w, k_old] * g[k_old]
         W += wval[j] - old
         _fenwick_add_n(wtree, nw, j, wval[j] - old)
-        # the document bucket over its pairs, the token's own count taken off on the way
         base = dnz_ptr[d]
         nd = dnz_cnt[d]
-        j_old = 0
-        Y = 0.0
-        for j in range(nd):
-            t = dnz[base + j, 0]
-            c = dnz[base + j, 1]
-            if t == k_old:
-                c -= 1
-                dnz[base + j, 1] = c
-                j_old = j
-            Y += c * h[t]
-            ybuf[j] = Y
+        Y, j_old = _doc_bucket(dnz, base, nd, k_old, h, ybuf)
         aW = alpha * W
         target = u[i - t0] * (Y + aW + ab * gsum)
+        k_new = -1
         if target < Y:
-            jk = 0
-            for j in range(nd):
-                jk += ybuf[j] <= target
-            if jk >= nd:
-                jk = nd - 1
-            k = dnz[base + jk, 0]
-            dnz[base + jk, 1] += 1
+            k = _doc_pick(dnz, base, nd, ybuf, target)
         else:
             target -= Y
             if target < aW:
                 k = wtop[_fenwick_search_n(wtree, nw, target / alpha, wtop_pow)]
             else:
                 k = _fenwick_search(gtree, (target - aW) / ab, gtop)
-            nd = _dnz_increment(dnz, base, nd, k, j_old if dnz[base + j_old, 1] == 0 else -1)
-        if dnz[base + j_old, 1] == 0:
-            nd -= 1
-            dnz[base + j_old, 0] = dnz[base + nd, 0]
-            dnz[base + j_old, 1] = dnz[base + nd, 1]
+            k_new = k
+        nd = _doc_settle(dnz, base, nd, j_old, k_new)
         dnz_cnt[d] = nd
         # the token joins topic k (a topic new to the word's row joins its list)
         z[i] = k
