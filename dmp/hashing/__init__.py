@@ -2,6 +2,8 @@
 Hamming search, linear baselines (PCA hashing, ITQ) and the ParMAC speed-up model
 (docs/algorithms.md, "ParMAC binary autoencoders")."""
 
+from ..utils._lazy import lazy_exports
+
 _EXPORTS = {
     "BinaryAutoencoder": "._ba",
     "LinearHash": "._itq", "itq": "._itq", "pca_hash": "._itq", "quantization_loss": "._itq",
@@ -17,19 +19,4 @@ __all__ = ["BinaryAutoencoder", "LinearHash", "itq", "pca_hash", "quantization_l
            "unpack_codes", "z_step", "parmac_time", "parmac_speedup", "measured_costs"]
 
 
-def __getattr__(name):
-    # loaded when first asked for: a Dask worker unpickling the ParMAC program imports only
-    # its module, not the estimator and scikit-learn under it (a fresh worker's first fit
-    # paid ~1 s of CPU for them)
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    value = getattr(import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)

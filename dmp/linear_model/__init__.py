@@ -1,5 +1,7 @@
 """Linear models trained with model parallelism."""
 
+from ..utils._lazy import lazy_exports
+
 _EXPORTS = {
     "Lasso": "._lasso",
     "SparsifiedSGDClassifier": "._sparsified",
@@ -9,18 +11,4 @@ _EXPORTS = {
 __all__ = ["Lasso", "SparsifiedSGDClassifier", "SparsifiedSGDRegressor"]
 
 
-def __getattr__(name):
-    # the estimators (and scikit-learn under them) load when first asked for: a Dask worker
-    # unpickling a program of this package imports only the program's module
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
-    value = getattr(import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(globals(), _EXPORTS)
