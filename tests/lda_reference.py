@@ -35,6 +35,22 @@ def dense_sweep(tok_doc, tok_word, z, n_dk, n_wk, n_k, u, alpha, beta, vbeta):
         n_k[k] += 1
 
 
+def _join_topic(lst, n_dk, d, k_old, k):
+    """The token (taken off ``k_old``) joins topic ``k`` of document ``d`` whose topic list
+    is ``lst``: a new topic takes the old one's emptied place, else goes at the end; an old
+    topic left at zero is then replaced by the last entry."""
+    if k not in lst:
+        if n_dk[d, k_old] == 0:
+            lst[lst.index(k_old)] = k
+        else:
+            lst.append(k)
+    n_dk[d, k] += 1
+    if n_dk[d, k_old] == 0 and k_old in lst:
+        j = lst.index(k_old)
+        lst[j] = lst[-1]
+        lst.pop()
+
+
 def sparse_sweep(tok_doc, tok_word, z, n_dk, n_wk, n_k, u, alpha, beta, vbeta, doc_topics):
     """One sweep of the two-bucket sampler; ``doc_topics[d]`` is the list of d's topics,
     updated as the kernel does: the token's old topic stays listed (with its count less one)
@@ -83,16 +99,7 @@ def sparse_sweep(tok_doc, tok_word, z, n_dk, n_wk, n_k, u, alpha, beta, vbeta, d
                     k = j
                     break
         z[i] = k
-        if k not in lst:
-            if n_dk[d, k_old] == 0:    # a new topic takes the old one's emptied place
-                lst[lst.index(k_old)] = k
-            else:
-                lst.append(k)
-        n_dk[d, k] += 1
-        if n_dk[d, k_old] == 0 and k_old in lst:   # left: the last entry takes its place
-            j = lst.index(k_old)
-            lst[j] = lst[-1]
-            lst.pop()
+        _join_topic(lst, n_dk, d, k_old, k)
         n_wk[w, k] += 1
         n_k[k] += 1
         old = phi[k]
@@ -154,16 +161,7 @@ def bucket_sweep(tok_doc, tok_word, z, n_dk, n_wk, n_k, u, alpha, beta, vbeta, d
                 hit = np.flatnonzero((target - aW) / ab < np.cumsum(g))
                 k = int(hit[0]) if len(hit) else Kt - 1
         z[i] = k
-        if k not in lst:
-            if n_dk[d, k_old] == 0:
-                lst[lst.index(k_old)] = k
-            else:
-                lst.append(k)
-        n_dk[d, k] += 1
-        if n_dk[d, k_old] == 0 and k_old in lst:
-            j = lst.index(k_old)
-            lst[j] = lst[-1]
-            lst.pop()
+        _join_topic(lst, n_dk, d, k_old, k)
         n_wk[w, k] += 1
         n_k[k] += 1
         old = g[k]
