@@ -5,6 +5,7 @@ Run from the repository root as root (CPU cgroups), with the project's environme
 
     python benchmarks/scaling.py                      # P = 1, 2, 4, 8 at cpu = 0.2
     python benchmarks/scaling.py --quick              # smaller problems, P = 1, 2, 4
+    python benchmarks/scaling.py --size issue --probe-seconds 10   # issue 26's sizes
     python benchmarks/scaling.py --models lda100,mf_ccd --repeats 2
 
 Each P gets one `dmp.testing.EmulatedCluster` (P workers of ``--cpu`` cores each; driver and
@@ -22,20 +23,22 @@ which are measured on each cluster with `dmp.planning.NullProgram` (tiny and 1 M
 ring hops in batches of rounds). The planner probes each model in this process (unconfined,
 on the in-process backend) before the clusters start.
 
-The problems are much smaller than issue 26's (>= 10M LDA tokens, >= 200k ParMAC points):
-the whole benchmark must run in minutes on a shared 2-core machine.  Sizes (``--quick`` in
-brackets):
+Problem sizes (``--size``; ``small``, the default, runs in minutes on a shared 2-core machine;
+``issue`` is issue 26's: >= 10M LDA tokens, >= 200k ParMAC points, about 30 minutes):
 
-* ``lasso``: `make_sparse_lasso` n = 5,000, p = 50,000, density 2e-3 (500k nonzeros), alpha
-  = 0.01 alpha_max, tol 1e-5 [n = 2,000, p = 20,000];
-* ``lda100`` / ``lda1000``: `make_lda_corpus` 10,000 documents x 200 tokens (2M tokens),
-  10,000 words, K = 100 / 1000, 5 sweeps [2,000 documents, 400k tokens, 3 sweeps];
-* ``mf_ccd`` / ``mf_ccdpp``: `make_ratings` 5,000 x 2,000, 200k ratings (90% train), rank
-  200, 3 / 2 iterations [2,000 x 1,000, 50k ratings];
-* ``parmac``: `BinaryAutoencoder` 32 bits on `make_hashing_mixture` 10,000 x 64, 2
-  iterations [5,000 points];
-* ``sgd``: `SparsifiedSGDRegressor` (ISEGA) on a sparse 5,000 x 2,000 design (density 1e-2),
-  100 iterations [2,000 rows].
+* ``lasso``: `make_sparse_lasso`, alpha = 0.01 alpha_max, tol 1e-5: n x p at the density
+  given (small 5,000 x 50,000 at 2e-3, 500k nonzeros; quick 2,000 x 20,000; issue 20,000 x
+  200,000 at 1e-3, 4M nonzeros);
+* ``lda100`` / ``lda1000``: `make_lda_corpus` documents of 200 tokens over 10,000 words,
+  K = 100 / 1000 (small 10,000 documents, 2M tokens, 5 sweeps; quick 2,000, 3 sweeps; issue
+  50,000 documents, 10M tokens, 3 sweeps);
+* ``mf_ccd`` / ``mf_ccdpp``: `make_ratings`, rank 200 (small 5,000 x 2,000, 200k ratings
+  (90% train), CCD 3 / CCD++ 2 iterations; quick 2,000 x 1,000, 50k; issue 20,000 x 5,000,
+  2M ratings, 2 / 1 iterations);
+* ``parmac``: `BinaryAutoencoder` 32 bits on `make_hashing_mixture` points of 64 dimensions
+  (small 10,000, 2 iterations; quick 5,000; issue 200,000, 1 iteration);
+* ``sgd``: `SparsifiedSGDRegressor` (ISEGA) on a sparse n x 2,000 design (density 1e-2), 100
+  iterations (small n = 5,000; quick 2,000; issue 50,000).
 
 Writes ``benchmarks/results/scaling.json`` (``--out``) and ``scaling.png`` (speed-up against
 P, measured and predicted, with the ideal line) and prints a markdown table.
@@ -76,38 +79,53 @@ from dmp.testing import EmulatedCluster, emulation_unavailable  # noqa: E402
 MODELS = ("lasso", "lda100", "lda1000", "mf_ccd", "mf_ccdpp", "parmac", "sgd")
 
 
-def build(model: str, folder: Path, quick: bool, n_shards: int):
+#: problem sizes per preset (``--size``); "issue" is issue 26's (>= 10M LDA tokens, >= 200k
+#: ParMAC points), "small" the default that runs in minutes on a shared 2-core machine
+SIZES = {
+    "quick": {"lasso": (2000, 20000, 2e-3), "lda": (2000, 3), "mf": (2000, 1000, 50_000, 3, 2),
+              "parmac": (5000, 2), "sgd": 2000},
+    "small": {"lasso": (5000, 50000, 2e-3), "lda": (10000, 5),
+              "mf": (5000, 2000, 200_000, 3, 2), "parmac": (10000, 2), "sgd": 5000},
+    "issue": {"lasso": (20000, 200000, 1e-3), "lda": (50000, 3),
+              "mf": (20000, 5000, 2_000_000, 2, 1), "parmac": (200_000, 1), "sgd": 50000},
+}
+
+
+def build(model: str, folder: Path, size: str, n_shards: int):
     """``(estimator, opened store)`` of one model's problem, written under ``folder``."""
     path = folder / f"{model}.zarr"
+    sz = SIZES[size]
     if model == "lasso":
-        n, p = (2000, 20000) if quick else (5000, 50000)
-        X, y, *_ = make_sparse_lasso(n, p, 2e-3, seed=0)
+        n, p, density = sz["lasso"]
+        X, y, *_ = make_sparse_lasso(n, p, density, seed=0)
         ds = write_sparse(path, X, y, n_shards=n_shards)
         yt = y - y.mean()
         alpha = 0.01 * float(np.abs(X.T @ yt).max()) / n
         return Lasso(alpha=alpha, tol=1e-5, random_state=0), ds
     if model.startswith("lda"):
-        docs, sweeps = (2000, 3) if quick else (10000, 5)
-        X = make_lda_corpus(docs, 10000, 100, 200, seed=2)[0]
+        docs, sweeps = sz["lda"]
         ds = (open_dataset(str(folder / "lda100.zarr")) if model == "lda1000"
               and (folder / "lda100.zarr").exists()
-              else write_sparse_rows(path, X, np.zeros(X.shape[0]), n_shards=n_shards))
+              else write_sparse_rows(path, make_lda_corpus(docs, 10000, 100, 200, seed=2)[0],
+                                     np.zeros(docs), n_shards=n_shards))
         return LatentDirichletAllocation(int(model[3:]), max_iter=sweeps, random_state=0), ds
     if model.startswith("mf"):
-        nu, ni, nobs = (2000, 1000, 50_000) if quick else (5000, 2000, 200_000)
+        nu, ni, nobs, it_ccd, it_ccdpp = sz["mf"]
         (u, i, r), *_ = make_ratings(nu, ni, nobs, rank=20, seed=3)
         other = folder / ("mf_ccd.zarr" if model == "mf_ccdpp" else "mf_ccdpp.zarr")
         ds = (open_dataset(str(other)) if other.exists()
               else write_ratings(path, u, i, r, shape=(nu, ni)))
         method = "ccd" if model == "mf_ccd" else "ccd++"
-        return MatrixFactorization(200, method=method, max_iter=3 if method == "ccd" else 2,
+        return MatrixFactorization(200, method=method,
+                                   max_iter=it_ccd if method == "ccd" else it_ccdpp,
                                    random_state=0), ds
     if model == "parmac":
-        X, _ = make_hashing_mixture(5000 if quick else 10000, 64, seed=4)
+        n, iters = sz["parmac"]
+        X, _ = make_hashing_mixture(n, 64, seed=4)
         ds = write_dense(path, X, n_shards=n_shards)
-        return BinaryAutoencoder(32, max_iter=2, random_state=0), ds
+        return BinaryAutoencoder(32, max_iter=iters, random_state=0), ds
     if model == "sgd":
-        n = 2000 if quick else 5000
+        n = sz["sgd"]
         rng = np.random.default_rng(0)
         X = sp.random(n, 2000, density=1e-2, format="csr", random_state=0,
                       data_rvs=rng.standard_normal)
@@ -158,6 +176,10 @@ def engine_costs(client, P: int) -> dict:
     if P > 1:
         out["ring_s"] = measure_engine(client, rounds=30, ring_bytes=8)["round_s"]
         out["hop_s"] = measure_engine(client, rounds=400, ring_bytes=8, batched=True)["round_s"]
+    if P > 2:
+        # every partition to every other one in each round of a batch (CCD++'s rounds)
+        out["fan_s"] = measure_engine(client, rounds=200, ring_bytes=8, batched=True,
+                                      fanout=True)["round_s"]
     return out
 
 
@@ -191,7 +213,7 @@ def calibrated(costs: dict, cpu: float, driver_cpu: float):
     """`EngineCosts` and `Network` of the emulation from the null rounds at every P: the
     fixed cost as a + b P (b: the driver's, per call; a: the workers'), the byte cost from
     the 1 MiB partials (P MiB through the driver a round), the message cost from the ring
-    rounds; in seconds of one core where the planner divides by the cores."""
+    rounds and each further message of a round from the all-to-all ones; in seconds of one core where the planner divides by the cores."""
     Ps = np.array(sorted(costs), dtype=float)
     null = np.array([costs[int(P)]["null_s"] for P in Ps])
     b, a = np.polyfit(Ps, null, 1) if len(Ps) > 1 else (0.0, null[0])
@@ -201,14 +223,20 @@ def calibrated(costs: dict, cpu: float, driver_cpu: float):
     # a ring hop inside a batch of rounds (the rounds of a batch are a chain of hops)
     hops = [costs[int(P)]["hop_s"] for P in Ps if P > 1]
     message = float(np.median(hops)) if hops else 0.0
+    # each further message of an all-to-all round: (fan-out round - hop) / (P - 2)
+    fans = [max(costs[int(P)]["fan_s"] - costs[int(P)]["hop_s"], 0.0) / (P - 2)
+            for P in Ps if P > 2 and "fan_s" in costs[int(P)]]
+    fan = float(np.median(fans)) if fans else message
     eng = EngineCosts(call_s=b * driver_cpu, worker_call_s=a * cpu, message_s=message * cpu,
-                      round_s=0.0)
+                      round_s=0.0, fanout_message_s=fan * cpu)
     return eng, Network(bandwidth=1.0 / per_byte, latency=0.0)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="the same as --size quick")
+    ap.add_argument("--size", choices=sorted(SIZES), default="small",
+                    help="problem sizes (see the module docstring)")
     ap.add_argument("--workers", default=None, help="comma-separated P (default 1,2,4,8)")
     ap.add_argument("--cpu", type=float, default=0.2)
     ap.add_argument("--models", default=",".join(MODELS))
@@ -217,6 +245,8 @@ def main(argv=None) -> int:
                     help="planner probe per model and P (long: probes then run whole fits)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scaling.json"))
     args = ap.parse_args(argv)
+    if args.quick:
+        args.size = "quick"
     why = emulation_unavailable()
     if why:
         print(f"cannot emulate a cluster here: {why}", file=sys.stderr)
@@ -230,7 +260,7 @@ def main(argv=None) -> int:
         problems = {}
         for m in models:
             t0 = time.perf_counter()
-            problems[m] = build(m, tmp, args.quick, n_shards=max(Ps))
+            problems[m] = build(m, tmp, args.size, n_shards=max(Ps))
             print(f"built {m}: {problems[m][1]} ({time.perf_counter() - t0:.1f} s)", flush=True)
         # the planner's probes, in this process (before any cgroup confines it)
         probes = {}
@@ -273,10 +303,13 @@ def main(argv=None) -> int:
         # at a measured P, the engine's cost of a round measured at that P (the a + b P
         # line of `calibrated` is for other P)
         at_P = {P: EngineCosts(call_s=0.0, round_s=0.0, worker_call_s=med_costs[P]["null_s"] * got,
-                               message_s=eng.message_s) for P in med_costs}
+                               message_s=eng.message_s,
+                               fanout_message_s=eng.fanout_message_s) for P in med_costs}
         at_P_nom = {P: EngineCosts(call_s=0.0, round_s=0.0,
                                    worker_call_s=med_costs[P]["null_s"] * cpu,
-                                   message_s=eng_nom.message_s) for P in med_costs}
+                                   message_s=eng_nom.message_s,
+                                   fanout_message_s=eng_nom.fanout_message_s)
+                    for P in med_costs}
         rows = []
         for m in models:
             base = None
@@ -314,7 +347,7 @@ def main(argv=None) -> int:
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.processor()}",
             "command": "python benchmarks/scaling.py " + " ".join(argv or sys.argv[1:]),
-            "cpu": cpu, "cores_given_to_planner": got, "workers": Ps, "quick": args.quick,
+            "cpu": cpu, "cores_given_to_planner": got, "workers": Ps, "size": args.size,
             "cpu_share": {str(P): v for P, v in shares.items()},
             "engine": {"null_rounds": {str(P): v for P, v in med_costs.items()},
                        "calibrated": eng.__dict__, "network_bytes_per_s": net.bandwidth},

@@ -21,7 +21,11 @@ A round on P workers is predicted as::
     comm     = (driver bytes / bandwidth + 2 latency) / rounds per call
                + ring bytes per worker / bandwidth + ring messages x latency
     overhead = (P call_s / min(driver_cores, 1) + worker_call_s / min(cores_per_worker, 1))
-               / rounds per call + ring messages x message_s / min(cores_per_worker, 1)
+               / rounds per call
+               + (message_s + (ring messages - 1) x fanout_message_s) / min(cores_per_worker, 1)
+
+(the last term for rounds with ring messages: the first message of a round costs a hop, and
+the others of the same round, sent and received concurrently, what each adds to it).
 
 and the round loop as rounds x (compute + driver + comm + overhead).  The kernels run on one
 thread, so more than one core per worker does not make them faster.  ``call_s``,
@@ -118,19 +122,26 @@ class EngineCosts:
         Worker time per call (its event loop, the call's bookkeeping), which the workers
         pay in parallel.
     message_s : float
-        Worker time per ring message (both ends).
+        Worker time per ring hop: one message sent and received (both ends), as a chain of
+        rounds with one message each pays it.
+    fanout_message_s : float
+        Worker time each further message of the same round adds (all-to-all rounds such
+        as CCD++'s, whose P - 1 messages a partition sends and receives concurrently).
     round_s : float
         Driver time per call independent of P (the runner's bookkeeping of a call).
 
     The defaults were measured with `NullProgram` on emulated clusters of 1-8 workers of
     0.18 core each (`dmp.testing.EmulatedCluster`) and turned into seconds of one core
     (BENCHMARKS.md, "Scaling on an emulated cluster"); `measure_engine` measures a cluster.
+    A further message of an all-to-all round measured about as much as a hop there (0.2-core
+    workers: handling a message is CPU work at both ends, which concurrency does not hide).
     """
 
     call_s: float = 0.7e-3
     worker_call_s: float = 1.3e-3
     message_s: float = 1.3e-3
     round_s: float = 0.0
+    fanout_message_s: float = 1.3e-3
 
 
 # --------------------------------------------------------------------------- probes
@@ -405,7 +416,9 @@ def predict(probe: Probe, P: int, *, network: Network, engine: EngineCosts = Eng
     compute = probe.compute_s / sw
     driver = probe.driver_s / sd
     ring_comm = probe.ring_bytes / network.bandwidth + probe.ring_messages * network.latency
-    ring_over = probe.ring_messages * engine.message_s / sw
+    m = probe.ring_messages
+    ring_over = (min(m, 1.0) * engine.message_s
+                 + max(m - 1.0, 0.0) * engine.fanout_message_s) / sw
     per_round_work = compute + ring_comm + ring_over
     # the runner sizes a batch to about batch_target_s of work, within the program's bound
     per_call = max(1.0, min(probe.batch_rounds, batch_max_rounds,
@@ -757,16 +770,17 @@ class NullProgram(Program):
     """A program of known costs: each plan is a `NullPlan` (16 bytes counted), each push
     spins ``push_s`` seconds of its thread's CPU and returns a `NullPartial` of
     ``partial_bytes`` bytes (8 more counted for its type); each pull spins ``pull_s``; with
-    ``ring_bytes`` each push also sends that many bytes to the next partition.
-    `measure_engine` runs it with no work to time the engine itself."""
+    ``ring_bytes`` each push also sends that many bytes to the next partition (``fanout``:
+    to every other partition).  `measure_engine` runs it with no work to time the engine
+    itself."""
 
     name = "null"
     gather_partitions = False
 
     def __init__(self, push_s=0.0, pull_s=0.0, partial_bytes=8, ring_bytes=0,
-                 partition_bytes=1000, batched=False):
+                 partition_bytes=1000, batched=False, fanout=False):
         super().__init__()
-        self.batched = bool(batched)
+        self.batched, self.fanout = bool(batched), bool(fanout)
         self.push_s, self.pull_s = float(push_s), float(pull_s)
         self.partial_bytes, self.ring_bytes = int(partial_bytes), int(ring_bytes)
         self.partition_bytes = int(partition_bytes)
@@ -790,9 +804,10 @@ class NullProgram(Program):
     def push(self, state, plan):
         _spin(self.push_s)
         partial = NullPartial(np.zeros(max(self.partial_bytes // 8, 0)))
-        if self.uses_ring and state["P"] > 1:
-            return Sends(partial, {(state["k"] + 1) % state["P"]:
-                                   np.zeros(self.ring_bytes // 8)})
+        k, P = state["k"], state["P"]
+        if self.uses_ring and P > 1:
+            to = [q for q in range(P) if q != k] if self.fanout else [(k + 1) % P]
+            return Sends(partial, {q: np.zeros(self.ring_bytes // 8) for q in to})
         return partial
 
     def ring_inbox(self, round):
@@ -801,13 +816,13 @@ class NullProgram(Program):
         if not self.batched:
             return None
         P = self.driver["P"]
-        return [1 if P > 1 else 0] * P
+        return [(P - 1 if self.fanout else 1) if P > 1 else 0] * P
 
     def batch_rounds(self, round):
         return 1024 if self.batched else 1
 
     def receive(self, state, round, src, payload):
-        state["inbox"] = {round: payload}   # only the last: it is never read
+        state["inbox"] = {(round, src): payload}   # only the last: it is never read
 
     def pull(self, round, partials):
         _spin(self.pull_s)
@@ -823,7 +838,7 @@ def _spin(seconds: float) -> None:
 
 
 def measure_engine(backend, *, rounds: int = 40, partial_bytes: int = 8,
-                   ring_bytes: int = 0, batched: bool = False) -> dict:
+                   ring_bytes: int = 0, batched: bool = False, fanout: bool = False) -> dict:
     """Seconds per round of `NullProgram` (no work) on ``backend`` (a dmp backend or a
     ``distributed.Client``): the engine's own cost of a round there, with partials of
     ``partial_bytes`` and, with ``ring_bytes``, one ring message per partition.
@@ -832,14 +847,15 @@ def measure_engine(backend, *, rounds: int = 40, partial_bytes: int = 8,
     tiny and with large partials, and with and without ring messages, give the per-call,
     per-byte and per-message costs (`EngineCosts`, `Network`) of a cluster; ``batched``
     ring rounds run in batches (one call per partition for many rounds, each a ring hop),
-    whose time per round is a message's cost there.
+    whose time per round is a message's cost there; ``fanout`` ring rounds send every
+    partition's message to all the others (P - 1 a round each, as CCD++ does).
     """
     from .engine.backends.base import resolve_backend
 
     be = resolve_backend(backend, None)
     try:
         result = run(NullProgram(partial_bytes=partial_bytes, ring_bytes=ring_bytes,
-                                 batched=batched), be, max_iter=rounds)
+                                 batched=batched, fanout=fanout), be, max_iter=rounds)
     finally:
         be.close()
     t = np.diff([r["time"] for r in result.history])[min(5, rounds // 4):]

@@ -98,6 +98,28 @@ def test_probe_of_a_program_of_known_costs():
     assert row["bytes_per_worker_round"] == pytest.approx(16 + 8 + 800 + 1600)
 
 
+def test_predict_fanout_messages():
+    """An all-to-all round (P - 1 messages a partition, sent concurrently) pays one hop and
+    the marginal cost of each further message, not P - 1 hops."""
+    probe = Probe(n_partitions=4, rounds=10, rounds_source="probe", max_rounds=10,
+                  compute_s=0.0, driver_s=0.0, driver_bytes=0.0, ring_messages=3.0)
+    eng = EngineCosts(call_s=0.0, worker_call_s=0.0, message_s=4e-3, round_s=0.0,
+                      fanout_message_s=1e-3)
+    row = predict(probe, 4, network=Network(1e9, 0.0), engine=eng, cores_per_worker=0.5)
+    assert row["overhead_s"] == pytest.approx(10 * (4e-3 + 2 * 1e-3) / 0.5, rel=1e-12)
+    one = predict(Probe(**{**probe.__dict__, "ring_messages": 1.0}), 4,
+                  network=Network(1e9, 0.0), engine=eng, cores_per_worker=0.5)
+    assert one["overhead_s"] == pytest.approx(10 * 4e-3 / 0.5, rel=1e-12)
+
+
+def test_probe_of_fanout_rounds():
+    """`NullProgram(fanout=True)` sends to every other partition: P - 1 messages each."""
+    prog = NullProgram(ring_bytes=80, fanout=True, batched=True)
+    probe = probe_program(prog, 4, max_iter=8, seconds=30.0)
+    assert probe.ring_messages == 3.0
+    assert probe.ring_bytes == 3 * 80
+
+
 def test_probe_stops_after_its_time():
     probe = probe_program(NullProgram(push_s=0.01), 1, max_iter=10_000, seconds=0.1)
     assert probe.rounds_source == "max_iter" and probe.rounds == 10_000
