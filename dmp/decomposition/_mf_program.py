@@ -591,10 +591,20 @@ class CCDPPProgram(_MFBase):
                 else np.full(len(counts), self.alpha))
 
     @staticmethod
-    def _solve(parts, lam_cols):
+    def _summed(parts, key) -> np.ndarray:
+        """``parts[q][key]`` added in partition order (``np.sum(..., axis=0)``'s additions,
+        without stacking the arrays first; one partition's array itself, not a copy)."""
+        out = parts[0][key]
+        if len(parts) > 1:
+            out = out.copy()
+            for p in parts[1:]:
+                out += p[key]
+        return out
+
+    @classmethod
+    def _solve(cls, parts, lam_cols):
         """(num, den, h): the summed partial sums and the item update they give."""
-        num = np.sum([p["num"] for p in parts], axis=0)
-        den = np.sum([p["den"] for p in parts], axis=0)
+        num, den = cls._summed(parts, "num"), cls._summed(parts, "den")
         d = lam_cols + den
         return num, den, np.divide(num, d, out=np.zeros_like(num), where=d > 0)
 
@@ -617,8 +627,7 @@ class CCDPPProgram(_MFBase):
         # sum (e^ - w h)^2 = sum e^2 - 2 h.num + h^2.den
         loss = float(sum(p["sq"] for p in partials)) - 2.0 * float(h @ num) + float(hh @ den)
         if dr.nnz_valid:
-            vn = np.sum([p["vnum"] for p in partials], axis=0)
-            vd = np.sum([p["vden"] for p in partials], axis=0)
+            vn, vd = self._summed(partials, "vnum"), self._summed(partials, "vden")
             vloss = (float(sum(p["vsq"] for p in partials)) - 2.0 * float(h @ vn)
                      + float(hh @ vd))
         else:
