@@ -5,7 +5,8 @@ Run from the repository root as root (CPU cgroups), with the project's environme
 
     python benchmarks/scaling.py                      # P = 1, 2, 4, 8 at cpu = 0.2
     python benchmarks/scaling.py --quick              # smaller problems, P = 1, 2, 4
-    python benchmarks/scaling.py --size issue --probe-seconds 10   # issue 26's sizes
+    python benchmarks/scaling.py --size issue --probe-seconds 20   # issue 26's sizes
+    python benchmarks/scaling.py --weak               # LDA and MF, P times the work on P
     python benchmarks/scaling.py --models lda100,mf_ccd --repeats 2
 
 Each P gets one `dmp.testing.EmulatedCluster` (P workers of ``--cpu`` cores each; driver and
@@ -22,6 +23,10 @@ no work measured at that P; ``pred_line_*``: the a + b P line fitted over all P 
 which are measured on each cluster with `dmp.planning.NullProgram` (tiny and 1 MiB partials,
 ring hops in batches of rounds). The planner probes each model in this process (unconfined,
 on the in-process backend) before the clusters start.
+
+``--weak`` measures weak scaling instead: P workers fit a problem P times as large (P times
+the documents, users and their ratings, points or rows), and the speed-up is the scaled one,
+``P x T(1) / T(P)`` (ideal: P).
 
 Problem sizes (``--size``; ``small``, the default, runs in minutes on a shared 2-core machine;
 ``issue`` is issue 26's: >= 10M LDA tokens, >= 200k ParMAC points, about 30 minutes):
@@ -77,6 +82,7 @@ from dmp.planning import (EngineCosts, Network, predict, probe_estimator,  # noq
 from dmp.testing import EmulatedCluster, emulation_unavailable  # noqa: E402
 
 MODELS = ("lasso", "lda100", "lda1000", "mf_ccd", "mf_ccdpp", "parmac", "sgd")
+WEAK_MODELS = ("lda100", "lda1000", "mf_ccd", "mf_ccdpp")
 
 
 #: problem sizes per preset (``--size``); "issue" is issue 26's (>= 10M LDA tokens, >= 200k
@@ -91,9 +97,11 @@ SIZES = {
 }
 
 
-def build(model: str, folder: Path, size: str, n_shards: int):
-    """``(estimator, opened store)`` of one model's problem, written under ``folder``."""
-    path = folder / f"{model}.zarr"
+def build(model: str, folder: Path, size: str, n_shards: int, scale: int = 1):
+    """``(estimator, opened store)`` of one model's problem, written under ``folder``;
+    ``scale`` multiplies its examples (documents, users with their ratings, points, rows:
+    weak scaling)."""
+    path = folder / f"{model}-x{scale}.zarr"
     sz = SIZES[size]
     if model == "lasso":
         n, p, density = sz["lasso"]
@@ -104,15 +112,18 @@ def build(model: str, folder: Path, size: str, n_shards: int):
         return Lasso(alpha=alpha, tol=1e-5, random_state=0), ds
     if model.startswith("lda"):
         docs, sweeps = sz["lda"]
-        ds = (open_dataset(str(folder / "lda100.zarr")) if model == "lda1000"
-              and (folder / "lda100.zarr").exists()
+        docs *= scale
+        other = folder / f"lda100-x{scale}.zarr"
+        ds = (open_dataset(str(other)) if model == "lda1000" and other.exists()
               else write_sparse_rows(path, make_lda_corpus(docs, 10000, 100, 200, seed=2)[0],
                                      np.zeros(docs), n_shards=n_shards))
         return LatentDirichletAllocation(int(model[3:]), max_iter=sweeps, random_state=0), ds
     if model.startswith("mf"):
         nu, ni, nobs, it_ccd, it_ccdpp = sz["mf"]
+        nu, nobs = nu * scale, nobs * scale
         (u, i, r), *_ = make_ratings(nu, ni, nobs, rank=20, seed=3)
-        other = folder / ("mf_ccd.zarr" if model == "mf_ccdpp" else "mf_ccdpp.zarr")
+        other = folder / (f"mf_ccd-x{scale}.zarr" if model == "mf_ccdpp"
+                          else f"mf_ccdpp-x{scale}.zarr")
         ds = (open_dataset(str(other)) if other.exists()
               else write_ratings(path, u, i, r, shape=(nu, ni)))
         method = "ccd" if model == "mf_ccd" else "ccd++"
@@ -121,11 +132,11 @@ def build(model: str, folder: Path, size: str, n_shards: int):
                                    random_state=0), ds
     if model == "parmac":
         n, iters = sz["parmac"]
-        X, _ = make_hashing_mixture(n, 64, seed=4)
+        X, _ = make_hashing_mixture(n * scale, 64, seed=4)
         ds = write_dense(path, X, n_shards=n_shards)
         return BinaryAutoencoder(32, max_iter=iters, random_state=0), ds
     if model == "sgd":
-        n = sz["sgd"]
+        n = sz["sgd"] * scale
         rng = np.random.default_rng(0)
         X = sp.random(n, 2000, density=1e-2, format="csr", random_state=0,
                       data_rvs=rng.standard_normal)
@@ -239,7 +250,11 @@ def main(argv=None) -> int:
                     help="problem sizes (see the module docstring)")
     ap.add_argument("--workers", default=None, help="comma-separated P (default 1,2,4,8)")
     ap.add_argument("--cpu", type=float, default=0.2)
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=None,
+                    help=f"comma-separated (default: all, {','.join(MODELS)}; with --weak "
+                         f"{','.join(WEAK_MODELS)})")
+    ap.add_argument("--weak", action="store_true",
+                    help="weak scaling: P workers fit a problem P times the size's")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--probe-seconds", type=float, default=60.0,
                     help="planner probe per model and P (long: probes then run whole fits)")
@@ -252,22 +267,29 @@ def main(argv=None) -> int:
         print(f"cannot emulate a cluster here: {why}", file=sys.stderr)
         return 2
     Ps = [int(p) for p in (args.workers or ("1,2,4" if args.quick else "1,2,4,8")).split(",")]
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    models = [m.strip() for m in (args.models or ",".join(WEAK_MODELS if args.weak else MODELS))
+              .split(",") if m.strip()]
+    # strong scaling: one problem for every P; weak: a problem P times as large at each P
+    scales = {P: (P if args.weak else 1) for P in Ps}
     cpu = args.cpu
     t_start = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix="dmp-scaling-"))
     try:
         problems = {}
         for m in models:
-            t0 = time.perf_counter()
-            problems[m] = build(m, tmp, args.size, n_shards=max(Ps))
-            print(f"built {m}: {problems[m][1]} ({time.perf_counter() - t0:.1f} s)", flush=True)
+            for scale in sorted(set(scales.values())):
+                t0 = time.perf_counter()
+                problems[(m, scale)] = pr = build(m, tmp, args.size, n_shards=max(Ps),
+                                                  scale=scale)
+                print(f"built {m} x{scale}: {pr[1]} ({time.perf_counter() - t0:.1f} s)",
+                      flush=True)
         # the planner's probes, in this process (before any cgroup confines it)
         probes = {}
         for m in models:
-            est, ds = problems[m]
+            est, ds = problems[(m, 1)] if (m, 1) in problems else problems[(m, scales[Ps[0]])]
             probe_estimator(est, ds, n_partitions=1, seconds=1.0)   # compile, warm caches
             for P in Ps:
+                est, ds = problems[(m, scales[P])]
                 pr = probe_estimator(est, ds, n_partitions=P, seconds=args.probe_seconds)
                 probes[(m, P)] = pr
                 print(f"probe {m} P={P}: {pr.probed_rounds} rounds in {pr.probe_s:.1f} s "
@@ -288,7 +310,7 @@ def main(argv=None) -> int:
                           f"{c['null_s'] * 1e3:.1f} ms", flush=True)
                     mods = models if rep % 2 == 0 else models[::-1]
                     for m in mods:
-                        est, ds = problems[m]
+                        est, ds = problems[(m, scales[P])]
                         r = fit_on(est, ds, client, P)
                         measured.setdefault((m, P), []).append(r)
                         print(f"  {m:9s} P={P}: loop {r['loop_s']:.2f} s, fit "
@@ -325,15 +347,17 @@ def main(argv=None) -> int:
                                cores_per_worker=got, driver_cores=got)
                 if base is None:
                     base = med
+                # weak scaling: P times the work in the time of one (scaled speed-up)
+                work = scales[P] / scales[Ps[0]]
                 rows.append({
-                    "model": m, "P": P, **med, "repeats": len(runs),
-                    "speedup": base["loop_s"] / med["loop_s"],
-                    "efficiency": base["loop_s"] / med["loop_s"] / P,
+                    "model": m, "P": P, **med, "repeats": len(runs), "scale": scales[P],
+                    "speedup": work * base["loop_s"] / med["loop_s"],
+                    "efficiency": work * base["loop_s"] / med["loop_s"] / P,
                     "setup_s": med["fit_s"] - med["loop_s"],
                     "setup_ratio": (med["fit_s"] - med["loop_s"])
                     / (base["fit_s"] - base["loop_s"]),
-                    "fit_speedup": base["fit_s"] / med["fit_s"],
-                    "fit_efficiency": base["fit_s"] / med["fit_s"] / P,
+                    "fit_speedup": work * base["fit_s"] / med["fit_s"],
+                    "fit_efficiency": work * base["fit_s"] / med["fit_s"] / P,
                     "pred_loop_s": pred["loop_s"], "pred_rounds": pred["rounds"],
                     "pred_split": {k: pred[k] for k in ("compute_s", "driver_s", "comm_s",
                                                         "overhead_s")},
@@ -348,6 +372,7 @@ def main(argv=None) -> int:
             "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.processor()}",
             "command": "python benchmarks/scaling.py " + " ".join(argv or sys.argv[1:]),
             "cpu": cpu, "cores_given_to_planner": got, "workers": Ps, "size": args.size,
+            "weak": args.weak,
             "cpu_share": {str(P): v for P, v in shares.items()},
             "engine": {"null_rounds": {str(P): v for P, v in med_costs.items()},
                        "calibrated": eng.__dict__, "network_bytes_per_s": net.bandwidth},
@@ -355,7 +380,7 @@ def main(argv=None) -> int:
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=1, default=float))
-        plot(rows, Ps, out.with_suffix(".png"), cpu)
+        plot(rows, Ps, out.with_suffix(".png"), cpu, weak=args.weak)
         print(markdown(rows))
         print(f"wrote {out} and {out.with_suffix('.png')} ({result['total_s']:.0f} s)")
     finally:
@@ -379,7 +404,7 @@ def markdown(rows) -> str:
     return "\n".join(lines)
 
 
-def plot(rows, Ps, path, cpu):
+def plot(rows, Ps, path, cpu, weak=False):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -392,14 +417,15 @@ def plot(rows, Ps, path, cpu):
         rs = [r for r in rows if r["model"] == m]
         color = f"C{j}"
         ax.plot([r["P"] for r in rs], [r["speedup"] for r in rs], "o-", color=color, label=m)
-        base = rs[0]["pred_loop_s"]
-        ax.plot([r["P"] for r in rs], [base / r["pred_loop_s"] for r in rs], ":", color=color)
+        base = rs[0]["pred_loop_s"] / rs[0]["scale"]
+        ax.plot([r["P"] for r in rs], [r["scale"] * base / r["pred_loop_s"] for r in rs], ":",
+                color=color)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log", base=2)
     ax.set_xticks(Ps, [str(p) for p in Ps])
     ax.set_xlabel("workers P (emulated, %g core each)" % cpu)
-    ax.set_ylabel("round-loop speed-up against P = 1")
-    ax.set_title("dmp strong scaling (solid: measured, dotted: dmp.plan)")
+    ax.set_ylabel("round-loop speed-up against P = 1" + (" (scaled: work x P)" if weak else ""))
+    ax.set_title(f"dmp {'weak' if weak else 'strong'} scaling (solid: measured, dotted: dmp.plan)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
