@@ -99,8 +99,8 @@ def run_tomotopy(X, K, sweeps):
     n = int(X.sum())
     # tomotopy 0.14 keeps topic ids in 16 bits: a K of 65,536 or more silently becomes
     # K mod 65,536 (K = 100,000 runs as 34,464 topics); recorded, and the LL is not comparable
-    return {"k_effective": int(mdl.k), "init_s": init, "sweep_s": times, "sweep_s_median": float(np.median(times)),
-            "tokens": n, "tokens_per_s": n / float(np.median(times)), "ll_per_token": ll}
+    return {"k_effective": int(mdl.k), "init_s": init, "sweep_s": times,
+            "sweep_s_median": float(np.median(times)), "tokens": n, "tokens_per_s": n / float(np.median(times)), "ll_per_token": ll}
 
 
 def main():

@@ -105,6 +105,7 @@ def build(model: str, folder: Path, size: str, n_shards: int, scale: int = 1):
     sz = SIZES[size]
     if model == "lasso":
         n, p, density = sz["lasso"]
+        n *= scale
         X, y, *_ = make_sparse_lasso(n, p, density, seed=0)
         ds = write_sparse(path, X, y, n_shards=n_shards)
         yt = y - y.mean()
@@ -224,7 +225,8 @@ def calibrated(costs: dict, cpu: float, driver_cpu: float):
     """`EngineCosts` and `Network` of the emulation from the null rounds at every P: the
     fixed cost as a + b P (b: the driver's, per call; a: the workers'), the byte cost from
     the 1 MiB partials (P MiB through the driver a round), the message cost from the ring
-    rounds and each further message of a round from the all-to-all ones; in seconds of one core where the planner divides by the cores."""
+    rounds and each further message of a round from the all-to-all ones; in seconds of one
+    core where the planner divides by the cores."""
     Ps = np.array(sorted(costs), dtype=float)
     null = np.array([costs[int(P)]["null_s"] for P in Ps])
     b, a = np.polyfit(Ps, null, 1) if len(Ps) > 1 else (0.0, null[0])
@@ -286,7 +288,7 @@ def main(argv=None) -> int:
         # the planner's probes, in this process (before any cgroup confines it)
         probes = {}
         for m in models:
-            est, ds = problems[(m, 1)] if (m, 1) in problems else problems[(m, scales[Ps[0]])]
+            est, ds = problems[(m, scales[Ps[0]])]
             probe_estimator(est, ds, n_partitions=1, seconds=1.0)   # compile, warm caches
             for P in Ps:
                 est, ds = problems[(m, scales[P])]

@@ -586,7 +586,7 @@ class CCDPPProgram(_MFBase):
     # the driver and every partition solve the same item update from the same partial
     # sums, added in partition order, so they agree to the last bit
     def _lam_cols(self, parts) -> np.ndarray:
-        counts = np.sum([p["item_counts"] for p in parts], axis=0)
+        counts = self._summed(parts, "item_counts")
         return (self.alpha * counts if self.reg_scaling == "count"
                 else np.full(len(counts), self.alpha))
 
