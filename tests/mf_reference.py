@@ -1,5 +1,5 @@
-"""Plain numpy serial CCD / CCD++ (one residual array, row by row, column by column): the
-independent reference for the model-parallel MatrixFactorization."""
+"""Plain numpy serial CCD / block ALS / CCD++ (one residual array, row by row, column by
+column): the independent reference for the model-parallel MatrixFactorization."""
 
 import numpy as np
 import scipy.sparse as sp
@@ -7,9 +7,38 @@ import scipy.sparse as sp
 from dmp.kernels.mf import uniform_init
 
 
+def block_least_squares(O, e, x0, lam, cg_steps):
+    """One row's block problem ``min |e + O x0 - O x|^2 + lam |x|^2``: textbook CG on the
+    explicit normal equations from ``x0`` (``cg_steps`` steps), or ``np.linalg.solve`` when
+    ``cg_steps`` is None; 0 for a row without entries."""
+    if len(e) == 0:
+        return np.zeros_like(x0)
+    A = O.T @ O + lam * np.eye(len(x0))
+    b = O.T @ (e + O @ x0)
+    if cg_steps is None:
+        return np.linalg.solve(A, b)
+    x = x0.copy()
+    r = b - A @ x
+    p = r.copy()
+    rr = r @ r
+    for _ in range(cg_steps):
+        if rr <= 0:
+            break
+        q = A @ p
+        a = rr / (p @ q)
+        x += a * p
+        r -= a * q
+        rr, rr_old = r @ r, rr
+        p = r + (rr / rr_old) * p
+    return x
+
+
 def serial_mf(R, k, alpha, n_iter, seed, method="ccd", n_inner=1, center=True,
-              reg_scaling="none"):
-    """Return (W, H, objective after every half-iteration / CCD++ half-pass, residuals)."""
+              reg_scaling="none", block_size=None, cg_steps=3):
+    """Return (W, H, objective after every half-iteration / CCD++ half-pass, residuals).
+
+    ``method="als"``: block ALS, blocks of ``block_size`` coordinates (all k by default),
+    each row's block by `block_least_squares` (``cg_steps=None``: solved exactly)."""
     A = sp.csr_matrix(R)
     A.sort_indices()
     n, m = A.shape
@@ -19,6 +48,8 @@ def serial_mf(R, k, alpha, n_iter, seed, method="ccd", n_inner=1, center=True,
     e = A.data - mu
     W = np.zeros((n, k))
     H = uniform_init(seed, 1, 0, m, k)
+    if method == "als":
+        H = 0.1 * (H - 0.5)
     row_pos = [np.arange(A.indptr[i], A.indptr[i + 1]) for i in range(n)]
     col_pos = [np.flatnonzero(cols == j) for j in range(m)]
     if reg_scaling == "count":
@@ -34,8 +65,21 @@ def serial_mf(R, k, alpha, n_iter, seed, method="ccd", n_inner=1, center=True,
         return num / den if den > 0 else 0.0
 
     traj = []
+    bs = block_size or k
     for _ in range(n_iter):
-        if method == "ccd":
+        if method == "als":
+            for F, G, pos, other, lam in ((W, H, row_pos, cols, lam_r),
+                                          (H, W, col_pos, rows, lam_c)):
+                for k0 in range(0, k, bs):
+                    blk = slice(k0, min(k, k0 + bs))
+                    for i in range(len(pos)):
+                        p = pos[i]
+                        O = G[other[p], blk]
+                        x = block_least_squares(O, e[p], F[i, blk], lam[i], cg_steps)
+                        e[p] -= O @ (x - F[i, blk])
+                        F[i, blk] = x
+                traj.append(objective())
+        elif method == "ccd":
             for i in range(n):
                 p = row_pos[i]
                 for t in range(k):

@@ -26,7 +26,8 @@ def gathered(backend):
 
 
 @pytest.mark.parametrize("method,n_inner,block_size", [
-    ("ccd", 1, "auto"), ("ccd", 1, 2), ("ccd++", 1, "auto"), ("ccd++", 3, "auto")])
+    ("ccd", 1, "auto"), ("ccd", 1, 2), ("ccd++", 1, "auto"), ("ccd++", 3, "auto"),
+    ("als", 1, "auto"), ("als", 1, 3)])
 @pytest.mark.parametrize("n_workers", [1, 2, 3])
 @pytest.mark.parametrize("reg_scaling", ["none", "count"])
 def test_matches_serial_reference(method, n_inner, block_size, n_workers, reg_scaling):
@@ -37,9 +38,9 @@ def test_matches_serial_reference(method, n_inner, block_size, n_workers, reg_sc
                              reg_scaling=reg_scaling, backend="local", n_workers=n_workers,
                              random_state=7).fit(R)
     W, H, traj, mu = serial_mf(R, k, alpha, n_iter, 7, method, n_inner,
-                               reg_scaling=reg_scaling)
+                               reg_scaling=reg_scaling, block_size=mf.block_size_)
     h = mf.history_
-    if method == "ccd":  # objective at the end of each half-iteration
+    if method in ("ccd", "als"):  # objective at the end of each half-iteration
         got = np.asarray([h["objective"][r] for r in range(1, len(h["phase"]))
                           if r == len(h["phase"]) - 1 or h["phase"][r] != h["phase"][r + 1]])
     else:  # one round per feature pass: the objective after its item update
@@ -53,7 +54,7 @@ def test_matches_serial_reference(method, n_inner, block_size, n_workers, reg_sc
     assert mf.objective_ == pytest.approx(mf.objective(R), rel=1e-10)
 
 
-@pytest.mark.parametrize("method", ["ccd", "ccd++"])
+@pytest.mark.parametrize("method", ["ccd", "ccd++", "als"])
 def test_objective_never_increases(method):
     tr, te = low_rank_ratings(n=120, m=80, k=4, density=0.3, noise=0.3, seed=2)
     mf = MatrixFactorization(6, alpha=0.1, method=method, max_iter=15, tol=None,
@@ -102,7 +103,7 @@ def test_ccd_residuals_are_exact_after_every_half_iteration():
     assert mf.mean_ == pytest.approx(mf_mean[0])
 
 
-@pytest.mark.parametrize("method", ["ccd", "ccd++"])
+@pytest.mark.parametrize("method", ["ccd", "ccd++", "als"])
 def test_reported_metrics_equal_recomputed_ones_every_round(method):
     tr, te = low_rank_ratings(n=50, m=40, k=3, density=0.4, seed=5)
     backend = LocalBackend(2)
@@ -127,10 +128,10 @@ def test_reported_metrics_equal_recomputed_ones_every_round(method):
 
     MatrixFactorization(3, alpha=0.2, method=method, max_iter=3, tol=None, block_size=2,
                         backend=backend, random_state=0, callback=check).fit(tr, X_val=te)
-    assert len(seen) == (12 if method == "ccd" else 9)
+    assert len(seen) == (9 if method == "ccd++" else 12)
 
 
-@pytest.mark.parametrize("method", ["ccd++", "ccd"])
+@pytest.mark.parametrize("method", ["ccd++", "ccd", "als"])
 def test_test_rmse_reaches_the_noise_level(method):
     """Well-posed synthetic data: ~700 ratings per user-factor parameter group; the test RMSE
     must come within 2% of the noise standard deviation."""
@@ -141,6 +142,58 @@ def test_test_rmse_reaches_the_noise_level(method):
     rmse = -mf.score(te)
     assert rmse < 1.02 * noise, rmse
     assert rmse > 0.9 * noise  # sanity: not fitting the test noise
+
+
+@pytest.mark.parametrize("n_workers", [1, 3])
+def test_als_with_as_many_cg_steps_as_coordinates_is_exact_als(n_workers):
+    """CG solves a B-dimensional system in B steps: block ALS then equals alternating exact
+    least-squares solves (np.linalg.solve on each row's normal equations)."""
+    R = small_problem(seed=5, n=50, m=30, density=0.25)
+    k, alpha, n_iter = 4, 0.2, 3
+    mf = MatrixFactorization(k, alpha=alpha, method="als", cg_steps=k, max_iter=n_iter,
+                             tol=None, reg_scaling="count", backend="local",
+                             n_workers=n_workers, random_state=2).fit(R)
+    W, H, traj, _ = serial_mf(R, k, alpha, n_iter, 2, "als", reg_scaling="count",
+                              cg_steps=None)
+    np.testing.assert_allclose(mf.user_factors_, W, rtol=1e-7, atol=1e-9)
+    np.testing.assert_allclose(mf.item_factors_, H, rtol=1e-7, atol=1e-9)
+    assert mf.objective_ == pytest.approx(traj[-1], rel=1e-9)
+
+
+def test_cg_block_update_against_exact_rows():
+    """The kernel on a block of coordinates: rows without entries go to 0, the others take
+    `block_least_squares`' CG steps, ``delta`` is the change and the residual stays
+    ``e - O (x - x0)``."""
+    from dmp.kernels.mf import cg_block_update
+    from mf_reference import block_least_squares
+
+    rng = np.random.default_rng(3)
+    n, m, K, k0, B = 30, 20, 7, 2, 4
+    A = sp.random(n, m, density=0.3, random_state=4, format="csr")
+    A[[3, 11]] = 0.0
+    A.eliminate_zeros()
+    A.sort_indices()
+    indptr, indices = A.indptr.astype(np.int64), A.indices.astype(np.int32)
+    res = rng.standard_normal(A.nnz)
+    F = rng.standard_normal((n, K))
+    O = rng.standard_normal((m, B))
+    lam = rng.uniform(0.1, 1.0, n)
+    lam[3] = 0.0
+    for steps in (1, 2, B):
+        F2, res2, delta = F.copy(), res.copy(), np.full((n, B), np.nan)
+        cg_block_update(indptr, indices, res2, F2, k0, O, lam, delta, steps)
+        for i in range(n):
+            p = slice(indptr[i], indptr[i + 1])
+            Oi = O[indices[p]]
+            x0 = F[i, k0:k0 + B]
+            x = block_least_squares(Oi, res[p], x0, lam[i], steps)
+            np.testing.assert_allclose(F2[i, k0:k0 + B], x, rtol=1e-11, atol=1e-12)
+            np.testing.assert_allclose(delta[i], x - x0, rtol=1e-11, atol=1e-12)
+            np.testing.assert_allclose(res2[p], res[p] - Oi @ (x - x0), rtol=1e-11,
+                                       atol=1e-12)
+        np.testing.assert_array_equal(F2[:, :k0], F[:, :k0])      # other coordinates
+        np.testing.assert_array_equal(F2[:, k0 + B:], F[:, k0 + B:])
+        np.testing.assert_array_equal(F2[[3, 11], k0:k0 + B], 0.0)
 
 
 def test_more_workers_same_result_and_convergence_stop():
@@ -207,7 +260,9 @@ def test_bad_arguments_are_refused():
     with pytest.raises(TypeError, match="dense"):
         MatrixFactorization(2, backend="local").fit(R.toarray())
     with pytest.raises(ValueError, match="method"):
-        MatrixFactorization(2, method="als", backend="local").fit(R)
+        MatrixFactorization(2, method="sgd", backend="local").fit(R)
+    with pytest.raises(ValueError, match="cg_steps"):
+        MatrixFactorization(2, method="als", cg_steps=0, backend="local").fit(R)
     with pytest.raises(ValueError, match="n_components"):
         MatrixFactorization(0, backend="local").fit(R)
     with pytest.raises(ValueError, match="cannot share"):

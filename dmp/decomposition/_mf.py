@@ -1,4 +1,4 @@
-"""``dmp.decomposition.MatrixFactorization``: STRADS model-parallel CCD / CCD++."""
+"""``dmp.decomposition.MatrixFactorization``: STRADS model-parallel CCD / ALS / CCD++."""
 
 from __future__ import annotations
 
@@ -92,17 +92,25 @@ class MatrixFactorization(DMPEstimator):
         Rank k.
     alpha : float, default=0.05
         Regularisation strength (>= 0).
-    method : {"ccd++", "ccd"}, default="ccd++"
+    method : {"ccd++", "ccd", "als"}, default="ccd++"
         ``"ccd++"``: rank-one feature updates (Yu et al. 2012), one factor column in flight
         per round.  ``"ccd"``: exact cyclic coordinate descent over all coordinates of every
         user, then of every item (STRADS' released ``cdmf``), ``block_size`` coordinates per
-        round.
+        round.  ``"als"``: the same rounds, but each user's (then item's) least-squares
+        problem over the round's coordinates is solved jointly by ``cg_steps`` conjugate-
+        gradient steps from its current value: alternating least squares with CG (as
+        cmfrec's and implicit's) when the block holds all k coordinates.  Its vectorised
+        row updates make it the fastest method at high rank (about k >= 50); CCD++ is at
+        low rank.
     max_iter : int, default=20
         Outer iterations (one pass over every factor of W and H).
     n_inner : int, default=1
         CCD++ inner passes per feature (T).
+    cg_steps : int, default=3
+        ALS: conjugate-gradient steps per row and block (``cg_steps >= block_size`` solves
+        each row's least-squares problem exactly, up to rounding).
     block_size : int or "auto", default="auto"
-        CCD: coordinates per round.  ``"auto"``: all k when a block of
+        CCD and ALS: coordinates per round.  ``"auto"``: all k when a block of
         ``(n_users + n_items) * block_size * 8`` bytes fits 64 MiB (the Dask setting
         ``dmp.matrix-factorization.auto-block-bytes``), else the largest that does.
     center : bool, default=True
@@ -117,7 +125,8 @@ class MatrixFactorization(DMPEstimator):
         Partitions (default: the backend's worker count).
     random_state : int, RandomState or None
         Seed of the initial H (entries U(0, 1), keyed by item, so independent of the
-        partitioning; W starts at 0, as in STRADS).
+        partitioning; W starts at 0, as in STRADS; ALS starts from ``0.1 (U(0, 1) - 1/2)``,
+        centred, which its CG steps need).
     checkpoint : str, optional
         Zarr checkpoint location (written every ``checkpoint_every`` iterations).
     checkpoint_every : int, default=5
@@ -163,9 +172,10 @@ class MatrixFactorization(DMPEstimator):
         **DMPEstimator._checkpoint_constraints,
         "n_components": [Interval(numbers.Integral, 1, None, closed="left")],
         "alpha": [Interval(numbers.Real, 0, None, closed="left")],
-        "method": [StrOptions({"ccd++", "ccd"})],
+        "method": [StrOptions({"ccd++", "ccd", "als"})],
         "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
         "n_inner": [Interval(numbers.Integral, 1, None, closed="left")],
+        "cg_steps": [Interval(numbers.Integral, 1, None, closed="left")],
         "block_size": [Interval(numbers.Integral, 1, None, closed="left"), StrOptions({"auto"})],
         "center": ["boolean"],
         "reg_scaling": [StrOptions({"none", "count"})],
@@ -174,7 +184,7 @@ class MatrixFactorization(DMPEstimator):
     }
 
     def __init__(self, n_components=10, *, alpha=0.05, method="ccd++", max_iter=20, n_inner=1,
-                 block_size="auto", center=True, reg_scaling="none", tol=1e-4, backend="auto",
+                 cg_steps=3, block_size="auto", center=True, reg_scaling="none", tol=1e-4, backend="auto",
                  n_workers=None, random_state=None, checkpoint=None, checkpoint_every=5,
                  resume=False, show_progress=False, callback=None, factors_store=None):
         self.n_components = n_components
@@ -182,6 +192,7 @@ class MatrixFactorization(DMPEstimator):
         self.method = method
         self.max_iter = max_iter
         self.n_inner = n_inner
+        self.cg_steps = cg_steps
         self.block_size = block_size
         self.center = center
         self.reg_scaling = reg_scaling
@@ -261,19 +272,23 @@ class MatrixFactorization(DMPEstimator):
         if fit.dataset.nnz < 1:
             raise ValueError("X holds no ratings")
         k = int(self.n_components)
-        if self.method == "ccd":
+        if self.method in ("ccd", "als"):
             bs = (auto_block_size(k, n_users, n_items) if self.block_size == "auto"
                   else min(int(self.block_size), k))
         else:
             bs = 1
         return MFProgram(fit.dataset, n_components=k, alpha=self.alpha, method=self.method,
-                         n_inner=self.n_inner, block_size=bs, center=self.center,
+                         n_inner=self.n_inner, cg_steps=self.cg_steps, block_size=bs,
+                         center=self.center,
                          reg_scaling=self.reg_scaling, tol=self.tol,
                          seed=seed_from(self.random_state))
 
     def _fingerprint(self, fit):
-        return {"method": self.method, "n_components": int(self.n_components),
-                "alpha": float(self.alpha), "block_size": fit.program.block_size}
+        out = {"method": self.method, "n_components": int(self.n_components),
+               "alpha": float(self.alpha), "block_size": fit.program.block_size}
+        if self.method == "als":
+            out["cg_steps"] = int(self.cg_steps)
+        return out
 
     def _run_options(self, fit):
         program, per_iter = fit.program, fit.program.rounds_per_iter

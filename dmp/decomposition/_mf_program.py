@@ -1,4 +1,5 @@
-"""STRADS matrix factorisation as schedule / push / pull programs (CCD and CCD++).
+"""STRADS matrix factorisation as schedule / push / pull programs (CCD, block ALS and
+CCD++).
 
 Both partition the model the same way: worker p owns a contiguous range of users (rows of W)
 and a contiguous range of items (rows of H), each balanced by rating count.  No worker and
@@ -15,6 +16,11 @@ one factor column (CCD++).  Every round's objective
   driver only sums the losses); ``apply`` joins the parts and brings the column copy's
   residuals up to date.  H rounds are symmetric.  Rows of W are independent given H, so this
   is exactly serial CCD in the same order.
+* **Block ALS** (`CCDProgram` with ``cg_steps``, ``method="als"``): the same rounds and
+  messages, but each row's least-squares problem over the block's coordinates is solved as
+  a whole by a few conjugate-gradient steps from its current value (`kernels.cg_block_update`),
+  instead of coordinate by coordinate.  With one block of all K coordinates this is ALS
+  with CG (as cmfrec and implicit solve it), two rounds an iteration.
 * **CCD++** (`CCDPPProgram`, the paper-level push/pull; docs/algorithms.md, "CCD++"): only the row
   copy is kept.  One round per feature t (and inner pass): every worker updates ``w_t`` of its
   users against ``h_t`` and computes the items' partial sums ``(sum_i e^_ij w_i, sum_i w_i^2)``
@@ -165,14 +171,20 @@ class MFDriver(DriverState):
     last_h: tuple | None = field(default=None, repr=False)
 
 
-def MFProgram(dataset, *, method="ccd++", **kwargs):
-    """The program for ``method`` ("ccd" or "ccd++")."""
+def MFProgram(dataset, *, method="ccd++", cg_steps=3, **kwargs):
+    """The program for ``method`` ("ccd", "als" or "ccd++")."""
     if method == "ccd":
         return CCDProgram(dataset, **kwargs)
+    if method == "als":
+        return CCDProgram(dataset, cg_steps=cg_steps, **kwargs)
     if method == "ccd++":
         kwargs.pop("block_size", None)
         return CCDPPProgram(dataset, **kwargs)
-    raise ValueError(f"unknown method {method!r}; use 'ccd' or 'ccd++'")
+    raise ValueError(f"unknown method {method!r}; use 'ccd', 'als' or 'ccd++'")
+
+
+#: block ALS starts from H = ALS_INIT_SCALE * (U(0, 1) - 1/2)
+ALS_INIT_SCALE = 0.1
 
 
 class _MFBase(Program):
@@ -185,6 +197,8 @@ class _MFBase(Program):
     gather_partitions = False
     #: per-partition arrays saved in checkpoints
     _STATE: tuple = ()
+    #: None: STRADS' H ~ U(0, 1); else H = init_scale * (U(0, 1) - 1/2)
+    init_scale: float | None = None
     #: driver entries saved in checkpoints
     _DRIVER = ("mean", "objective", "prev_objective", "iteration", "converged", "nnz",
                "nnz_valid")
@@ -328,6 +342,8 @@ class _MFBase(Program):
         # STRADS initialisation: W = 0, H ~ U(0, 1), keyed by item id (partition-free)
         st["W"] = np.zeros((r1 - r0, self.K))
         st["H"] = kernels.uniform_init(self.seed, 1, c0, c1 - c0, self.K)
+        if self.init_scale is not None:
+            st["H"] = (st["H"] - 0.5) * self.init_scale
         st["regW"] = 0.0
         return st
 
@@ -383,15 +399,23 @@ class _MFBase(Program):
 
 
 class CCDProgram(_MFBase):
-    """Exact cyclic coordinate descent, ``block_size`` coordinates per round (see module)."""
+    """Exact cyclic coordinate descent, ``block_size`` coordinates per round (see module);
+    with ``cg_steps``, block ALS: each row's block solved by that many CG steps instead."""
 
     method = "ccd"
     _STATE = ("W", "H", "er", "ec", "evr", "evc", "O")
     # the blocks go worker to worker, never through the driver (32-64 MB a round at rank 200)
     uses_ring = True
 
-    def __init__(self, dataset, *, block_size=None, **kwargs):
+    def __init__(self, dataset, *, block_size=None, cg_steps=None, **kwargs):
         super().__init__(dataset, **kwargs)
+        self.cg_steps = None if cg_steps is None else int(cg_steps)
+        if self.cg_steps is not None:
+            self.method = "als"
+            # CG from a centred, small H: U(0, 1)'s common mean makes the first solves
+            # ill-conditioned (one large eigenvalue), and ALS then needs 1-2 more iterations
+            # to the same test RMSE (BENCHMARKS.md, "Block ALS")
+            self.init_scale = ALS_INIT_SCALE
         self.block_size = int(block_size or self.K)
         kb = list(range(0, self.K, self.block_size)) + [self.K]
         self.block_bounds = np.asarray(kb, dtype=np.int64)
@@ -489,16 +513,19 @@ class CCDProgram(_MFBase):
         st["inbox"].setdefault(plan.round, {})[st["k"]] = parts
         return Sends(out, {q: parts for q in range(st["P"]) if q != st["k"]})
 
-    @staticmethod
-    def _update_block(st, plan: CCDBlockPlan, names, out, parts) -> None:
-        """Exact CCD on the plan's coordinates of one side (W: ``names`` of the row copy,
-        H: of the column copy)."""
+    def _update_block(self, st, plan: CCDBlockPlan, names, out, parts) -> None:
+        """Exact CCD (or block ALS) on the plan's coordinates of one side (W: ``names`` of
+        the row copy, H: of the column copy)."""
         data, vdata, res, vres, F, lam, rk = names
         k0, k1 = plan.k0, plan.k1
         indptr, indices, _ = st[data]
         O = st["O"]
         delta = np.empty((indptr.shape[0] - 1, k1 - k0))
-        kernels.ccd_block_update(indptr, indices, st[res], st[F], k0, O, st[lam], delta)
+        if self.cg_steps is None:
+            kernels.ccd_block_update(indptr, indices, st[res], st[F], k0, O, st[lam], delta)
+        else:
+            kernels.cg_block_update(indptr, indices, st[res], st[F], k0, O, st[lam], delta,
+                                    self.cg_steps)
         vp, vi, _ = st[vdata]
         kernels.subtract_lowrank(vp, vi, st[vres], delta, 0, O)
         new = st[F][:, k0:k1]

@@ -21,6 +21,10 @@ from .sparsify import _splitmix64
 #: sweep touches stay in cache (CHUNK x n_other values instead of B x n_other)
 CHUNK = 16
 
+#: LLVM may reassociate sums and fuse multiply-adds (no assumptions about NaN or inf): what
+#: lets it vectorise dot products over a row of coordinates
+VECTORISE = {"reassoc", "contract"}
+
 
 @njit(cache=True, nogil=True)
 def _ccd_row(a, b, indices, res, F, i, k0, O, lam_i, delta, c0, c1):
@@ -74,25 +78,111 @@ def ccd_block_update(indptr, indices, res, F, k0, O, lam, delta):
                      c0, c1)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, fastmath=VECTORISE)
 def subtract_lowrank(indptr, indices, res, X, xk0, Y):
-    """``res_ij -= sum_kk X[i, xk0+kk] * Y[j, kk]`` for every stored entry (kk in order,
-    `CHUNK` coordinates at a time over all entries, so ``Y``'s rows stay in cache).
+    """``res_ij -= sum_kk X[i, xk0+kk] * Y[j, kk]`` for every stored entry.
 
     Brings a residual up to date after the other side changed (``Y`` = its deltas) or after
-    this side changed (``X`` = own deltas, ``Y`` = the other side's block).
+    this side changed (``X`` = own deltas, ``Y`` = the other side's block).  One dot product
+    over a contiguous row of ``Y`` per entry (vectorised).
     """
     n = indptr.shape[0] - 1
     B = Y.shape[1]
-    for c0 in range(0, B, CHUNK):
-        c1 = min(B, c0 + CHUNK)
-        for i in range(n):
-            for p in range(indptr[i], indptr[i + 1]):
+    for i in range(n):
+        for p in range(indptr[i], indptr[i + 1]):
+            j = indices[p]
+            s = 0.0
+            for kk in range(B):
+                s += X[i, xk0 + kk] * Y[j, kk]
+            res[p] -= s
+
+
+@njit(cache=True, nogil=True, fastmath=VECTORISE)
+def cg_block_update(indptr, indices, res, F, k0, O, lam, delta, steps):
+    """Block ALS: each local row's least-squares problem in coordinates ``k0 .. k0+B-1``,
+    approximately solved by ``steps`` conjugate-gradient steps from its current value.
+
+    Row i minimises ``sum_j (e_ij + o_j . f_old - o_j . f)^2 + lam_i |f|^2`` over
+    ``f = F[i, k0:k0+B]`` (``o_j`` = ``O[j]``, ``e`` = the residual ``res``): the normal
+    equations ``(O_i^T O_i + lam_i I) f = O_i^T (e_i + O_i f_old)`` are never formed; each CG
+    step costs one product with ``O_i`` and one with its transpose, over the row's entries
+    (``steps >= B`` solves them exactly, up to rounding).  A row without entries gets
+    ``f = 0``, as in exact CCD.  ``delta`` receives ``f - f_old`` and the residual is brought
+    up to date without another pass over ``O``: ``o_j . (f - f_old)`` is the sum over the
+    steps of ``alpha_s (o_j . p_s)``, whose dot products the steps already computed.
+    """
+    n = indptr.shape[0] - 1
+    B = O.shape[1]
+    longest = 0
+    for i in range(n):
+        longest = max(longest, indptr[i + 1] - indptr[i])
+    dots = np.empty((steps, longest))
+    step = np.empty(steps)
+    x = np.empty(B)
+    r = np.empty(B)
+    pv = np.empty(B)
+    q = np.empty(B)
+    for i in range(n):
+        a = indptr[i]
+        b = indptr[i + 1]
+        li = lam[i]
+        if a == b:
+            for c in range(B):
+                delta[i, c] = -F[i, k0 + c]
+                F[i, k0 + c] = 0.0
+            continue
+        for c in range(B):
+            x[c] = F[i, k0 + c]
+            r[c] = -li * x[c]
+        for p in range(a, b):
+            e = res[p]
+            j = indices[p]
+            for c in range(B):
+                r[c] += e * O[j, c]
+        rr = 0.0
+        for c in range(B):
+            pv[c] = r[c]
+            rr += r[c] * r[c]
+        done = 0
+        for s in range(steps):
+            if not rr > 0.0:
+                break
+            for c in range(B):
+                q[c] = li * pv[c]
+            for p in range(a, b):
                 j = indices[p]
-                r = res[p]
-                for kk in range(c0, c1):
-                    r -= X[i, xk0 + kk] * Y[j, kk]
-                res[p] = r
+                t = 0.0
+                for c in range(B):
+                    t += O[j, c] * pv[c]
+                dots[s, p - a] = t
+                for c in range(B):
+                    q[c] += t * O[j, c]
+            pq = 0.0
+            for c in range(B):
+                pq += pv[c] * q[c]
+            if not pq > 0.0:
+                break
+            al = rr / pq
+            step[s] = al
+            done = s + 1
+            rn = 0.0
+            for c in range(B):
+                x[c] += al * pv[c]
+                r[c] -= al * q[c]
+                rn += r[c] * r[c]
+            be = rn / rr
+            rr = rn
+            for c in range(B):
+                pv[c] = r[c] + be * pv[c]
+        for c in range(B):
+            delta[i, c] = x[c] - F[i, k0 + c]
+            F[i, k0 + c] = x[c]
+        if done:
+            for p in range(a, b):
+                t = 0.0
+                for s in range(done):
+                    t += step[s] * dots[s, p - a]
+                res[p] -= t
 
 
 @njit(cache=True, nogil=True)
