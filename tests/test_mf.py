@@ -160,6 +160,40 @@ def test_als_with_as_many_cg_steps_as_coordinates_is_exact_als(n_workers):
     assert mf.objective_ == pytest.approx(traj[-1], rel=1e-9)
 
 
+@pytest.mark.parametrize("B", [4, 13, 64])
+def test_vectorised_kernels_do_not_depend_on_where_arrays_lie(B):
+    """The kernels' reassociated sums must come out bit for bit the same wherever the
+    arrays lie (else a Dask worker and the driver would fit differently): the same inputs
+    copied to buffers at shifted addresses give the same results."""
+    from dmp.kernels.mf import cg_block_update, subtract_lowrank
+
+    rng = np.random.default_rng(B)
+    n, m = 30, 20
+    A = sp.random(n, m, density=0.4, random_state=1, format="csr")
+    ip, ix = A.indptr.astype(np.int64), A.indices.astype(np.int32)
+    res = rng.standard_normal(A.nnz)
+    F, O = rng.standard_normal((n, B)), rng.standard_normal((m, B))
+    lam = np.full(n, 0.1)
+
+    def placed(a, off):
+        buf = np.empty(a.size + 8)
+        out = buf[off:off + a.size].reshape(a.shape)
+        out[:] = a
+        return out
+
+    results, keep = [], []
+    for off in list(range(8)) * 4:
+        keep.append(np.empty(rng.integers(1, 64)))   # the kernels' own buffers move too
+        Fo, r, d = placed(F, off), placed(res, off), np.empty((n, B))
+        cg_block_update(ip, ix, r, Fo, 0, placed(O, off), lam, d, 3, res, 0.0, True)
+        r2 = placed(res, (off + 3) % 8)
+        subtract_lowrank(ip, ix, r2, placed(F, off), 0, placed(O, 7 - off))
+        results.append((Fo.copy(), r.copy(), d, r2.copy()))
+    for got in results[1:]:
+        for g, w in zip(got, results[0]):
+            np.testing.assert_array_equal(g, w)
+
+
 @pytest.mark.parametrize("method", ["als", "ccd"])
 def test_float32_fits_track_the_float64_fit(method):
     """dtype=float32: the same iterations at float32 accuracy; the factors are float32 and
@@ -185,7 +219,7 @@ def test_float32_fits_track_the_float64_fit(method):
 def test_cg_block_update_against_exact_rows():
     """The kernel on a block of coordinates: rows without entries go to 0, the others take
     `block_least_squares`' CG steps, ``delta`` is the change and the residual stays
-    ``e - O (x - x0)``."""
+    ``e - O (x - x0)``; with ``fresh`` the residual is first recomputed from the ratings."""
     from dmp.kernels.mf import cg_block_update
     from mf_reference import block_least_squares
 
@@ -203,7 +237,7 @@ def test_cg_block_update_against_exact_rows():
     lam[3] = 0.0
     for steps in (1, 2, B):
         F2, res2, delta = F.copy(), res.copy(), np.full((n, B), np.nan)
-        cg_block_update(indptr, indices, res2, F2, k0, O, lam, delta, steps)
+        cg_block_update(indptr, indices, res2, F2, k0, O, lam, delta, steps, res, 0.0, False)
         for i in range(n):
             p = slice(indptr[i], indptr[i + 1])
             Oi = O[indices[p]]
@@ -216,6 +250,18 @@ def test_cg_block_update_against_exact_rows():
         np.testing.assert_array_equal(F2[:, :k0], F[:, :k0])      # other coordinates
         np.testing.assert_array_equal(F2[:, k0 + B:], F[:, k0 + B:])
         np.testing.assert_array_equal(F2[[3, 11], k0:k0 + B], 0.0)
+
+    # a block of all K coordinates, the residual stale: recomputed from the ratings first
+    F = F[:, :B].copy()
+    rows = np.repeat(np.arange(n), np.diff(indptr))
+    ratings = res + 2.5 + np.einsum("ij,ij->i", F[rows], O[indices])
+    got = F.copy(), np.zeros_like(res), np.empty((n, B))
+    cg_block_update(indptr, indices, got[1], got[0], 0, O, lam, got[2], 3, ratings, 2.5, True)
+    want = F.copy(), res.copy(), np.empty((n, B))
+    cg_block_update(indptr, indices, want[1], want[0], 0, O, lam, want[2], 3, ratings, 0.0,
+                    False)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
 
 
 def test_more_workers_same_result_and_convergence_stop():

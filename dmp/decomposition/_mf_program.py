@@ -425,6 +425,12 @@ class CCDProgram(_MFBase):
             # to the same test RMSE (BENCHMARKS.md, "Block ALS")
             self.init_scale = ALS_INIT_SCALE
         self.block_size = int(block_size or self.K)
+        # ALS on one block of all K coordinates recomputes each residual from its rating
+        # while it reads the other side's row anyway: `apply` then leaves the training
+        # residuals of the other side's update alone (a pass over every rating saved)
+        self._fresh = self.cg_steps is not None and self.block_size == self.K
+        if self._fresh:   # the mean is then part of each partition's state
+            self._STATE = CCDProgram._STATE + ("mean",)
         kb = list(range(0, self.K, self.block_size)) + [self.K]
         self.block_bounds = np.asarray(kb, dtype=np.int64)
         self.rounds_per_iter = 2 * (len(kb) - 1)
@@ -534,7 +540,7 @@ class CCDProgram(_MFBase):
             kernels.ccd_block_update(indptr, indices, st[res], st[F], k0, O, st[lam], delta)
         else:
             kernels.cg_block_update(indptr, indices, st[res], st[F], k0, O, st[lam], delta,
-                                    self.cg_steps)
+                                    self.cg_steps, st[data][2], st["mean"][0], self._fresh)
         vp, vi, _ = st[vdata]
         kernels.subtract_lowrank(vp, vi, st[vres], delta, 0, O)
         new = st[F][:, k0:k1]
@@ -554,6 +560,7 @@ class CCDProgram(_MFBase):
         st["O"] = self._joined(got, "next")
         match update:
             case CCDInitUpdate(mean=mu):
+                st["mean"] = np.array([mu])
                 if mu != 0.0:
                     for res in ("er", "ec", "evr", "evc"):
                         st[res] -= mu
@@ -564,6 +571,8 @@ class CCDProgram(_MFBase):
                 pairs, F = (("rows", "er"), ("vrows", "evr")), st["W"]
         k0, _ = update.k
         delta = self._joined(got, "delta")
+        if self._fresh:
+            pairs = pairs[1:]
         for data, res in pairs:
             indptr, indices, _ = st[data]
             kernels.subtract_lowrank(indptr, indices, st[res], F, k0, delta)

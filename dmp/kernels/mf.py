@@ -22,7 +22,10 @@ from .sparsify import _splitmix64
 CHUNK = 16
 
 #: LLVM may reassociate sums and fuse multiply-adds (no assumptions about NaN or inf): what
-#: lets it vectorise dot products over a row of coordinates
+#: lets it vectorise dot products over a row of coordinates.  Every reassociated sum is a
+#: loop that only reads: in a loop that also stores, LLVM checks at run time that the
+#: arrays do not overlap and else runs it serially, so the sum's order (and its rounding)
+#: would depend on where the arrays lie, and fits would differ between processes
 VECTORISE = {"reassoc", "contract"}
 
 
@@ -99,7 +102,7 @@ def subtract_lowrank(indptr, indices, res, X, xk0, Y):
 
 
 @njit(cache=True, nogil=True, fastmath=VECTORISE)
-def cg_block_update(indptr, indices, res, F, k0, O, lam, delta, steps):
+def cg_block_update(indptr, indices, res, F, k0, O, lam, delta, steps, ratings, mean, fresh):
     """Block ALS: each local row's least-squares problem in coordinates ``k0 .. k0+B-1``,
     approximately solved by ``steps`` conjugate-gradient steps from its current value.
 
@@ -111,6 +114,10 @@ def cg_block_update(indptr, indices, res, F, k0, O, lam, delta, steps):
     ``f = 0``, as in exact CCD.  ``delta`` receives ``f - f_old`` and the residual is brought
     up to date without another pass over ``O``: ``o_j . (f - f_old)`` is the sum over the
     steps of ``alpha_s (o_j . p_s)``, whose dot products the steps already computed.
+
+    ``fresh`` (with a block of all K coordinates, ``k0 = 0``): the residual is first
+    recomputed as ``ratings - mean - f_old . o_j`` in the pass that reads ``o_j`` anyway, so
+    that the other side's last update need not have been applied to ``res``.
     """
     n = indptr.shape[0] - 1
     B = O.shape[1]
@@ -138,13 +145,19 @@ def cg_block_update(indptr, indices, res, F, k0, O, lam, delta, steps):
             x[c] = F[i, k0 + c]
             r[c] = -li * x[c]
         for p in range(a, b):
-            e = res[p]
             j = indices[p]
+            if fresh:
+                t = zero
+                for c in range(B):
+                    t += x[c] * O[j, c]
+                res[p] = ratings[p] - mean - t
+            e = res[p]
             for c in range(B):
                 r[c] += e * O[j, c]
-        rr = zero
         for c in range(B):
             pv[c] = r[c]
+        rr = zero
+        for c in range(B):
             rr += r[c] * r[c]
         done = 0
         for s in range(steps):
@@ -168,10 +181,11 @@ def cg_block_update(indptr, indices, res, F, k0, O, lam, delta, steps):
             al = rr / pq
             step[s] = al
             done = s + 1
-            rn = zero
             for c in range(B):
                 x[c] += al * pv[c]
                 r[c] -= al * q[c]
+            rn = zero
+            for c in range(B):
                 rn += r[c] * r[c]
             be = rn / rr
             rr = rn
