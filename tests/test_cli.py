@@ -295,14 +295,14 @@ def test_dmp_run_mf_pipeline_on_a_converted_ratings_file(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "fitting MatrixFactorization (method=ccd++)" in printed
     m = json.loads((out / "metrics.json").read_text())
-    assert m["shape"] == [n_users, n_items] and set(m["runs"]) == {"ccd++", "ccd"}
+    assert m["shape"] == [n_users, n_items] and set(m["runs"]) == {"ccd++", "ccd", "als"}
     sd = float(np.std(r))
     for run in m["runs"].values():
         assert 3 <= run["iterations"] <= 8  # tol 1e-5 may stop it early
         # well below predicting the mean (about sd), and no better than the noise allows
         assert 0.3 < run["test_rmse"] < 0.75 * sd
         assert run["train_rmse"] <= run["valid_rmse"] + 0.05
-        assert run["bytes"]["ring"] > 0  # sums (ccd++) or blocks (ccd), worker to worker
+        assert run["bytes"]["ring"] > 0  # sums (ccd++) or blocks (ccd, als), worker to worker
     g = zarr.open_group(str(out / "factors.zarr"), mode="r")
     assert g["user_factors"].shape == (n_users, 3) and g["item_factors"].shape == (n_items, 3)
     for png in ("rmse.png", "convergence.png"):
