@@ -12,10 +12,12 @@ On ``--workers`` (8) `dmp.testing.EmulatedCluster` workers of ``--cpu`` (0.2) co
 
 * ``lda``: `LatentDirichletAllocation` with K = ``--lda-topics`` (100,000) topics over
   V = ``--lda-words`` (10,744) words: the int32 word-topic table is K x V x 4 B = 4.0 GiB,
-  one word block of 512 MiB per worker.  The corpus (`make_lda_corpus`, 50 generating
-  topics, ``beta=1`` so that every word is used, ``--lda-docs`` x 200 tokens) is written
-  to a row store of one shard per worker.  ``--lda-sweeps`` Gibbs sweeps after the counting
-  rotation.
+  one word block of 512 MiB per worker.  The corpus (`make_lda_corpus`,
+  ``--lda-true-topics`` (50) generating topics, ``--lda-beta`` (1: every word is used),
+  ``--lda-docs`` x 200 tokens, ``--lda-seed``) is written to a row store of one shard per
+  worker.  ``--lda-sweeps`` Gibbs sweeps after the counting rotation.  ``--lda-words 10000
+  --lda-docs 50000 --lda-true-topics 1000 --lda-beta 0.01 --lda-seed 3`` is the 10M-token
+  corpus of ``lda_large_k.py`` (whose one-core run gives the log-likelihood to compare).
 * ``mf``: `MatrixFactorization` CCD++ at rank ``--mf-rank`` (200) on ``--mf-users``
   (2,680,000) x ``--mf-items`` (20,000) with ``--mf-ratings`` ratings (`make_ratings`, true
   rank 20, 10% kept out as the test split): W + H = (m + n) x rank x 8 B = 4.0 GiB;
@@ -73,7 +75,8 @@ def lda_problem(args, folder: Path):
     from dmp.io import write_sparse_rows
     from dmp.io.synthetic import make_lda_corpus
 
-    X = make_lda_corpus(args.lda_docs, args.lda_words, 50, 200, beta=1.0, seed=2)[0]
+    X = make_lda_corpus(args.lda_docs, args.lda_words, args.lda_true_topics, 200,
+                        beta=args.lda_beta, seed=args.lda_seed)[0]
     ds = write_sparse_rows(folder / "corpus.zarr", X, np.zeros(X.shape[0]),
                            n_shards=args.workers)
     est = LatentDirichletAllocation(args.lda_topics, max_iter=args.lda_sweeps,
@@ -266,8 +269,9 @@ def run_model(name, args, folder, limit):
                    n_iter=int(est.n_iter_))
         if name == "lda":
             out["log_likelihood"] = float(est.log_likelihood_)
-            out["ll_per_token"] = [float(v) for v in h["ll_per_token"]
-                                   [np.r_[h["sweep"][1:] != h["sweep"][:-1], True]]]
+            ends = np.r_[h["sweep"][1:] != h["sweep"][:-1], True]
+            out["ll_per_token"] = [float(v) for v in h["ll_per_token"][ends]]
+            out["sweep_end_s"] = [float(v) for v in h["time"][ends]]
             if lda_end:
                 ok_words = bool(np.array_equal(lda_end["word_totals"], facts["word_counts"]))
                 ok_topics = bool(np.array_equal(lda_end["topic_totals"], lda_end["n_k"]))
@@ -315,6 +319,11 @@ def main(argv=None) -> int:
     ap.add_argument("--lda-words", type=int, default=10_744)
     ap.add_argument("--lda-docs", type=int, default=10_000)
     ap.add_argument("--lda-sweeps", type=int, default=2)
+    ap.add_argument("--lda-true-topics", type=int, default=50,
+                    help="the corpus' generating topics (lda_large_k.py's corpus: 1000)")
+    ap.add_argument("--lda-beta", type=float, default=1.0,
+                    help="the corpus' topic-word Dirichlet (lda_large_k.py's: 0.01)")
+    ap.add_argument("--lda-seed", type=int, default=2, help="(lda_large_k.py's: 3)")
     ap.add_argument("--lda-collect", action="store_true",
                     help="the estimator's own end: the whole table assembled on the driver")
     ap.add_argument("--mf-users", type=int, default=2_680_000)
