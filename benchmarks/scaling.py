@@ -37,9 +37,10 @@ Problem sizes (``--size``; ``small``, the default, runs in minutes on a shared 2
 * ``lda100`` / ``lda1000``: `make_lda_corpus` documents of 200 tokens over 10,000 words,
   K = 100 / 1000 (small 10,000 documents, 2M tokens, 5 sweeps; quick 2,000, 3 sweeps; issue
   50,000 documents, 10M tokens, 3 sweeps);
-* ``mf_ccd`` / ``mf_ccdpp``: `make_ratings`, rank 200 (small 5,000 x 2,000, 200k ratings
-  (90% train), CCD 3 / CCD++ 2 iterations; quick 2,000 x 1,000, 50k; issue 20,000 x 5,000,
-  2M ratings, 2 / 1 iterations);
+* ``mf_ccd`` / ``mf_ccdpp`` / ``mf_als``: `make_ratings`, rank 200 (small 5,000 x 2,000,
+  200k ratings (90% train), CCD 3 / CCD++ 2 iterations; quick 2,000 x 1,000, 50k; issue
+  20,000 x 5,000, 2M ratings, 2 / 1 iterations); ``mf_als``: block ALS in float32, CCD's
+  iteration count;
 * ``parmac``: `BinaryAutoencoder` 32 bits on `make_hashing_mixture` points of 64 dimensions
   (small 10,000, 2 iterations; quick 5,000; issue 200,000, 1 iteration);
 * ``sgd``: `SparsifiedSGDRegressor` (ISEGA) on a sparse n x 2,000 design (density 1e-2), 100
@@ -81,7 +82,7 @@ from dmp.planning import (EngineCosts, Network, predict, probe_estimator,  # noq
                           measure_engine)
 from dmp.testing import EmulatedCluster, emulation_unavailable  # noqa: E402
 
-MODELS = ("lasso", "lda100", "lda1000", "mf_ccd", "mf_ccdpp", "parmac", "sgd")
+MODELS = ("lasso", "lda100", "lda1000", "mf_ccd", "mf_ccdpp", "mf_als", "parmac", "sgd")
 WEAK_MODELS = ("lda100", "lda1000", "mf_ccd", "mf_ccdpp")
 
 
@@ -123,10 +124,13 @@ def build(model: str, folder: Path, size: str, n_shards: int, scale: int = 1):
         nu, ni, nobs, it_ccd, it_ccdpp = sz["mf"]
         nu, nobs = nu * scale, nobs * scale
         (u, i, r), *_ = make_ratings(nu, ni, nobs, rank=20, seed=3)
-        other = folder / (f"mf_ccd-x{scale}.zarr" if model == "mf_ccdpp"
-                          else f"mf_ccdpp-x{scale}.zarr")
-        ds = (open_dataset(str(other)) if other.exists()
+        others = [folder / f"{m}-x{scale}.zarr" for m in ("mf_ccd", "mf_ccdpp", "mf_als")]
+        other = next((o for o in others if o != path and o.exists()), None)
+        ds = (open_dataset(str(other)) if other is not None
               else write_ratings(path, u, i, r, shape=(nu, ni)))
+        if model == "mf_als":
+            return MatrixFactorization(200, method="als", dtype="float32", max_iter=it_ccd,
+                                       random_state=0), ds
         method = "ccd" if model == "mf_ccd" else "ccd++"
         return MatrixFactorization(200, method=method,
                                    max_iter=it_ccd if method == "ccd" else it_ccdpp,

@@ -71,7 +71,8 @@ def _as_triplets(R, what: str):
 
 
 class MatrixFactorization(DMPEstimator):
-    """Explicit-feedback matrix factorisation by STRADS model-parallel coordinate descent.
+    """Explicit-feedback matrix factorisation by STRADS model-parallel coordinate descent
+    (CCD, CCD++) or block ALS.
 
     Minimises ``sum_(i,j) observed (r_ij - mu - w_i . h_j)^2 + alpha (sum_i c_i |w_i|^2 +
     sum_j c_j |h_j|^2)`` over user factors W (n_users x k) and item factors H (n_items x k),
