@@ -17,7 +17,8 @@ On ``--workers`` (8) `dmp.testing.EmulatedCluster` workers of ``--cpu`` (0.2) co
   ``--lda-docs`` x 200 tokens, ``--lda-seed``) is written to a row store of one shard per
   worker.  ``--lda-sweeps`` Gibbs sweeps after the counting rotation.  ``--lda-words 10000
   --lda-docs 50000 --lda-true-topics 1000 --lda-beta 0.01 --lda-seed 3`` is the 10M-token
-  corpus of ``lda_large_k.py`` (whose one-core run gives the log-likelihood to compare).
+  corpus of ``lda_large_k.py``; with ``--lda-priors 0.1 0.01`` its model too (whose one-core
+  run gives the log-likelihood to compare).
 * ``mf``: `MatrixFactorization` CCD++ at rank ``--mf-rank`` (200) on ``--mf-users``
   (2,680,000) x ``--mf-items`` (20,000) with ``--mf-ratings`` ratings (`make_ratings`, true
   rank 20, 10% kept out as the test split): W + H = (m + n) x rank x 8 B = 4.0 GiB;
@@ -79,8 +80,10 @@ def lda_problem(args, folder: Path):
                         beta=args.lda_beta, seed=args.lda_seed)[0]
     ds = write_sparse_rows(folder / "corpus.zarr", X, np.zeros(X.shape[0]),
                            n_shards=args.workers)
+    priors = ({} if args.lda_priors is None else
+              dict(zip(("doc_topic_prior", "topic_word_prior"), args.lda_priors)))
     est = LatentDirichletAllocation(args.lda_topics, max_iter=args.lda_sweeps,
-                                    random_state=0)
+                                    random_state=0, **priors)
     model = args.lda_topics * args.lda_words * 4
     return est, ds, model, {"tokens": int(X.sum()), "documents": X.shape[0],
                             "word_counts": np.asarray(X.sum(axis=0)).ravel().astype(np.int64)}
@@ -324,6 +327,9 @@ def main(argv=None) -> int:
     ap.add_argument("--lda-beta", type=float, default=1.0,
                     help="the corpus' topic-word Dirichlet (lda_large_k.py's: 0.01)")
     ap.add_argument("--lda-seed", type=int, default=2, help="(lda_large_k.py's: 3)")
+    ap.add_argument("--lda-priors", type=float, nargs=2, metavar=("ALPHA", "BETA"),
+                    help="doc_topic_prior, topic_word_prior (default: the estimator's; "
+                         "lda_large_k.py's: 0.1 0.01)")
     ap.add_argument("--lda-collect", action="store_true",
                     help="the estimator's own end: the whole table assembled on the driver")
     ap.add_argument("--mf-users", type=int, default=2_680_000)
