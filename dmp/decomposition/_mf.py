@@ -192,9 +192,10 @@ class MatrixFactorization(DMPEstimator):
     }
 
     def __init__(self, n_components=10, *, alpha=0.05, method="ccd++", max_iter=20, n_inner=1,
-                 cg_steps=3, block_size="auto", dtype="float64", center=True, reg_scaling="none", tol=1e-4, backend="auto",
-                 n_workers=None, random_state=None, checkpoint=None, checkpoint_every=5,
-                 resume=False, show_progress=False, callback=None, factors_store=None):
+                 cg_steps=3, block_size="auto", dtype="float64", center=True,
+                 reg_scaling="none", tol=1e-4, backend="auto", n_workers=None,
+                 random_state=None, checkpoint=None, checkpoint_every=5, resume=False,
+                 show_progress=False, callback=None, factors_store=None):
         self.n_components = n_components
         self.alpha = alpha
         self.method = method

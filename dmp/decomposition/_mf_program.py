@@ -539,8 +539,11 @@ class CCDProgram(_MFBase):
         if self.cg_steps is None:
             kernels.ccd_block_update(indptr, indices, st[res], st[F], k0, O, st[lam], delta)
         else:
+            # the mean only matters (and is only kept in checkpoints) when residuals are
+            # recomputed from the ratings
+            mean = st["mean"][0] if self._fresh else 0.0
             kernels.cg_block_update(indptr, indices, st[res], st[F], k0, O, st[lam], delta,
-                                    self.cg_steps, st[data][2], st["mean"][0], self._fresh)
+                                    self.cg_steps, st[data][2], mean, self._fresh)
         vp, vi, _ = st[vdata]
         kernels.subtract_lowrank(vp, vi, st[vres], delta, 0, O)
         new = st[F][:, k0:k1]

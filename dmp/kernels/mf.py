@@ -1,9 +1,10 @@
-"""Numba kernels for matrix factorisation by coordinate descent (CCD and CCD++).
+"""Numba kernels for matrix factorisation by coordinate descent (CCD and CCD++) and block ALS.
 
 Conventions: a *local* sparse block is CSR over the rows this worker owns (or CSC over its
 columns, which is the same thing with the roles of users and items swapped): ``indptr``
-(int64), ``indices`` (int32, ids of the *other* side) and the residual ``res`` (float64,
-``r_ij - w_i.h_j``), updated in place.  Own factors are ``F`` (n_local x K, row per owned
+(int64), ``indices`` (int32, ids of the *other* side) and the residual ``res``
+(``r_ij - w_i.h_j`` in the factors' precision: float64, or float32 for ALS and CCD),
+updated in place.  Own factors are ``F`` (n_local x K, row per owned
 user or item); the other side's factors arrive as a block ``O`` (n_other x B) holding its
 coordinates ``k0 .. k0+B-1``, so that the block of one user or item is contiguous (one or two
 cache lines per stored entry, whatever B is).
