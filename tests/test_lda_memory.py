@@ -2,7 +2,6 @@
 memory limit is trained across workers, none of whose resident memory ever reaches the limit."""
 
 import logging
-import resource
 
 import numpy as np
 import pytest
@@ -26,8 +25,14 @@ def _spawned_workers():
 
 
 def _peak_rss() -> int:
-    # Linux: ru_maxrss is the process's high-water mark of resident memory, in KiB
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    # The kernel's high-water mark of this process image (VmHWM, KiB). Not ru_maxrss: it keeps
+    # the forked parent's copy from before exec, so a spawned worker would report the pytest
+    # process's own size (952 MiB late in a full run) instead of its own.
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/self/status")
 
 
 @pytest.mark.slow
