@@ -183,17 +183,23 @@ def _probe_from_history(rec: "_Recorder", P: int, *, max_rounds: int,
     if not history:
         raise RuntimeError(f"the probe at {P} partition(s) ran no round")
     first = 1 if len(history) > 1 else 0
-    compute, driver, dbytes, rbytes = [], [], [], []
+    compute, dbytes, rbytes = [], [], []
     for j in range(first, len(history)):
         r = history[j]
-        pushes = rec.pushes[j] or [0.0]
-        applied = rec.applies[j]
-        compute.append(max(pushes) + applied / P)   # a cluster's workers apply in parallel
-        if j:
-            spent = rec.cpu[j] - rec.cpu[j - 1]
-            driver.append(max(spent - sum(pushes) - applied, 0.0))
+        pushes = rec.round_pushes.get(j) or [0.0]
+        # a cluster's workers apply and receive in parallel
+        compute.append(max(pushes) + rec.round_applies.get(j, 0.0) / P)
         dbytes.append(r["bytes_schedule"] + r["bytes_push"] + r["bytes_pull"])
         rbytes.append(r.get("bytes_ring", 0) / P)
+    # the driver: this thread's CPU between the first and the last recorded round less the
+    # partitions' work done in between (a batch runs several rounds' pushes before their
+    # records, so the work is summed over the span, not matched to a record)
+    start, last = max(first, 1), len(history) - 1
+    if last >= start:
+        work = sum(sum(rec.pushes[j]) + rec.applies[j] for j in range(start, last + 1))
+        driver = max(rec.cpu[last] - rec.cpu[start - 1] - work, 0.0) / (last - start + 1)
+    else:
+        driver = 0.0
     # ring messages each partition receives a round (delivered before the round's end in
     # process, and counted there; a message to itself is no message)
     messages = float(np.mean(rec.received[first:])) / P if rec.received else 0.0
@@ -201,7 +207,7 @@ def _probe_from_history(rec: "_Recorder", P: int, *, max_rounds: int,
     return Probe(
         n_partitions=P, rounds=len(history) if completed else max_rounds,
         rounds_source="probe" if completed else "max_iter", max_rounds=max_rounds,
-        compute_s=float(np.mean(compute)), driver_s=float(np.mean(driver)) if driver else 0.0,
+        compute_s=float(np.mean(compute)), driver_s=float(driver),
         driver_bytes=float(np.mean(dbytes)), ring_bytes=float(np.mean(rbytes)),
         ring_messages=messages,
         batch_rounds=float(np.mean(batch_lengths)) if batch_lengths else 1.0,
@@ -210,13 +216,17 @@ def _probe_from_history(rec: "_Recorder", P: int, *, max_rounds: int,
 
 class _Recorder:
     """The probe's callback: stops the fit after ``seconds`` (never before 3 rounds) and
-    records, after each round, the round's record, the CPU seconds of this thread, of each
-    push and of the applies in it, and how many rounds a call could batch from the next
-    one on.
+    records, after each round, the round's record, the CPU seconds of this thread and of
+    the pushes, applies and ring receives since the last record, and how many rounds a call
+    could batch from the next one on; and, by round, each push's CPU seconds and the
+    applies' and receives'.
 
     CPU seconds, not wall seconds: on a busy machine a probe waits for a core, which says
     nothing of the work.  In process, the partitions call the probe's program object in
-    this thread one after the other (`watch`), so each push's CPU time is its own.
+    this thread one after the other (`watch`), so each push's CPU time is its own.  A batch
+    of rounds runs several rounds' pushes before the first of their records, so a push is
+    counted in its round by the partition's own count of pushes (every partition pushes
+    once a round), and an apply in the round whose push follows it.
     """
 
     def __init__(self, seconds: float, min_rounds: int = 3):
@@ -234,6 +244,14 @@ class _Recorder:
         #: per round: ring messages delivered (all partitions)
         self.received = []
         self._pushes, self._applied, self._received = [], 0.0, 0
+        #: by round: each partition's push CPU seconds, and the applies' and receives'
+        self.round_pushes: dict[int, list[float]] = {}
+        self.round_applies: dict[int, float] = {}
+        self._pushed: dict[int, int] = {}   # id(partition state) -> pushes so far
+
+    def _work(self, round: int, seconds: float) -> None:
+        self._applied += seconds
+        self.round_applies[round] = self.round_applies.get(round, 0.0) + seconds
 
     def watch(self, program) -> None:
         """Time ``program``'s pushes, applies and receives, and count the ring messages
@@ -242,18 +260,22 @@ class _Recorder:
         push, apply = program.push, program.apply
 
         def timed_push(state, plan):
+            k = self._pushed.get(id(state), 0)
+            self._pushed[id(state)] = k + 1
             t0 = time.thread_time()
             try:
                 return push(state, plan)
             finally:
-                self._pushes.append(time.thread_time() - t0)
+                dt = time.thread_time() - t0
+                self._pushes.append(dt)
+                self.round_pushes.setdefault(k, []).append(dt)
 
         def timed_apply(state, update):
             t0 = time.thread_time()
             try:
                 return apply(state, update)
             finally:
-                self._applied += time.thread_time() - t0
+                self._work(self._pushed.get(id(state), 0), time.thread_time() - t0)
 
         program.push, program.apply = timed_push, timed_apply
         if program.uses_ring:
@@ -265,7 +287,7 @@ class _Recorder:
                 try:
                     return receive(state, round, src, payload)
                 finally:
-                    self._applied += time.thread_time() - t0
+                    self._work(round, time.thread_time() - t0)
 
             program.receive = counted_receive
 
@@ -311,14 +333,16 @@ def _max_partition_bytes(program, P):
 
 
 def probe_program(program: Program, n_partitions: int, *, max_iter: int,
-                  seconds: float = 5.0) -> Probe:
+                  seconds: float = 5.0, staleness: int = 0) -> Probe:
     """Probe ``program`` on the in-process backend at ``n_partitions`` for about
-    ``seconds`` (or to its stopping rule, whichever comes first)."""
+    ``seconds`` (or to its stopping rule, whichever comes first), with ``staleness``
+    rounds in flight as `dmp.engine.run` keeps them."""
     rec = _Recorder(seconds)
     rec.watch(program)
     t0 = time.perf_counter()
     with _one_blas_thread():
-        run(program, LocalBackend(n_partitions), max_iter=max_iter, callback=rec)
+        run(program, LocalBackend(n_partitions), max_iter=max_iter, callback=rec,
+            staleness=staleness)
     return _probe_from_history(
         rec, n_partitions, max_rounds=max_iter,
         batch_lengths=_call_lengths(rec.batch, config.count("dmp.batch.max-rounds")),

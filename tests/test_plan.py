@@ -292,3 +292,14 @@ def test_plan_memory_is_the_backends_check(tmp_path, monkeypatch):
             check_partition_memory(program, specs, names, dict.fromkeys(names, short))
         assert not plan_memory(est, ds, workers=[8], memory_per_worker=short,
                                as_frame=False)[0]["fits"]
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_probe_of_rounds_in_flight_counts_each_push_in_its_round(staleness):
+    """With rounds in flight, a round's pushes run before the records of the rounds
+    before it: each round's compute is still one push's spin (not two pushes in one
+    round and none in the last), and the driver's time is what is left of the thread's."""
+    probe = probe_program(NullProgram(push_s=0.004), 2, max_iter=8, seconds=30.0,
+                          staleness=staleness)
+    assert 0.0035 <= probe.compute_s < 0.006
+    assert probe.driver_s < 0.002
