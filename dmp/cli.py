@@ -513,10 +513,19 @@ def _cmd_plan(args) -> int:
         params["alpha"] = float(ratio) * _local_alpha_max(ds, params.get("fit_intercept", True))
     if spec.compare is not None:   # a pipeline that compares settings: plan the first
         params[spec.compare.key] = spec.compare.values[0]
-    rows = plan(cls(**params), ds, workers=args.workers, network=network,
-                cores_per_worker=args.cores_per_worker, driver_cores=args.driver_cores,
-                memory_per_worker=args.memory_per_worker, probe_max=args.probe_max,
-                probe_seconds=args.probe_seconds, as_frame=False)
+    client = None
+    if args.probe_on:
+        from .utils.cluster import connect
+
+        client = connect(args.probe_on, set_as_default=False)
+    try:
+        rows = plan(cls(**params), ds, workers=args.workers, network=network,
+                    cores_per_worker=args.cores_per_worker, driver_cores=args.driver_cores,
+                    memory_per_worker=args.memory_per_worker, probe_max=args.probe_max,
+                    probe_seconds=args.probe_seconds, probe_on=client, as_frame=False)
+    finally:
+        if client is not None:
+            client.close()
     if args.png:
         plot_plan(rows, args.png, title=f"dmp plan {spec.name} ({network})")
     if args.json:
@@ -559,6 +568,9 @@ def _add_plan_parser(sub) -> None:
                     help="probe every P up to this one, predict larger ones (default 8)")
     pl.add_argument("--probe-seconds", type=_positive_float("--probe-seconds"), default=5.0,
                     help="about how long each probe runs (default 5)")
+    pl.add_argument("--probe-on", metavar="ADDRESS",
+                    help="run the probes on a worker of the Dask scheduler at ADDRESS, to "
+                         "time the kernels on the workers' own machines (default: here)")
     pl.add_argument("--json", action="store_true", help="print the table as JSON")
     pl.add_argument("--png", metavar="FILE", help="write the predicted speed-up to FILE")
     pl.set_defaults(func=_cmd_plan)

@@ -54,8 +54,8 @@ from .engine.program import Message, Program, Sends
 from .engine.runner import run
 
 __all__ = ["plan", "plan_memory", "Network", "parse_network", "EngineCosts", "Probe", "predict",
-           "probe_program", "probe_estimator", "measure_engine", "NullProgram", "table_text",
-           "plot_plan"]
+           "probe", "probe_program", "probe_estimator", "measure_engine", "NullProgram",
+           "table_text", "plot_plan"]
 
 
 # --------------------------------------------------------------------------- the network
@@ -173,6 +173,8 @@ class Probe:
     partition_bytes: int | None = None
     probed_rounds: int = 0
     probe_s: float = 0.0
+    #: where it ran: "in process", or the address of the Dask worker that ran it
+    where: str = "in process"
 
 
 def _probe_from_history(rec: "_Recorder", P: int, *, max_rounds: int,
@@ -418,6 +420,72 @@ def probe_estimator(estimator, X, y=None, *, n_partitions: int, seconds: float =
         probe_s=time.perf_counter() - t0)
 
 
+def _probe_each(estimator, X, y, workers: list[int], seconds: float,
+                where: str = "in process") -> dict:
+    """A warm-up probe, then one probe per P in ``workers`` (ascending), up to the first
+    P the data cannot be split over (an error if that is the first)."""
+    # a first short fit compiles the kernels (Numba) and warms the caches; not measured
+    probe_estimator(estimator, X, y, n_partitions=workers[0], seconds=min(1.0, seconds))
+    probes = {}
+    for P in workers:
+        try:
+            pr = probe_estimator(estimator, X, y, n_partitions=P, seconds=seconds)
+        except ValueError:
+            # too few shards or rows for P partitions: larger P are predicted from the
+            # probes that ran
+            if not probes:
+                raise
+            break
+        pr.where = where
+        probes[P] = pr
+    return probes
+
+
+def _probe_on_worker(estimator, X, y, workers: list[int], seconds: float) -> dict:
+    from distributed import get_worker
+
+    return _probe_each(estimator, X, y, workers, seconds, where=get_worker().address)
+
+
+def probe(estimator, X, y=None, *, workers=(1, 2, 4, 8), seconds: float = 5.0,
+          on=None) -> dict:
+    """Probe ``estimator``'s fit at each number of partitions in ``workers``.
+
+    Parameters
+    ----------
+    estimator, X, y
+        As for `plan`.
+    workers : list of int
+        The numbers of partitions to probe (a P the data cannot be split over ends the list).
+    seconds : float
+        About how long each probe runs (wall seconds; at least 3 rounds).
+    on : distributed.Client, optional
+        Run the probes on one of this cluster's workers instead of in this process: they
+        then measure the kernels at the workers' own speed (their cores, caches, memory
+        allocator and any CPU limit).  The data travels as for a fit (a store is opened
+        there; in-memory data is sent) and that worker holds every partition at once.
+
+    Returns
+    -------
+    dict
+        ``{P: Probe}``, in the order of ``workers``; ``Probe.where`` says where each ran.
+    """
+    Ps = _check_workers(workers)
+    if not (isinstance(seconds, (int, float)) and seconds > 0 and math.isfinite(seconds)):
+        raise ValueError(f"seconds must be a number > 0, got {seconds!r}")
+    if on is None:
+        return _probe_each(estimator, X, y, Ps, float(seconds))
+    from .engine.backends.base import _is_client
+
+    if not _is_client(on):
+        raise TypeError(f"on must be a distributed.Client, got {type(on).__name__}")
+    addresses = sorted(on.scheduler_info(n_workers=-1)["workers"])
+    if not addresses:
+        raise RuntimeError(f"the cluster of {on} has no worker to run the probes on")
+    return on.submit(_probe_on_worker, estimator, X, y, Ps, float(seconds),
+                     workers=addresses[:1], allow_other_workers=False, pure=False).result()
+
+
 # --------------------------------------------------------------------------- the prediction
 
 def _speed(cores: float) -> float:
@@ -598,7 +666,7 @@ def _check_workers(workers) -> list[int]:
 def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10Gbit,50us",
          cores_per_worker: float = 1.0, driver_cores: float = 1.0, memory_per_worker="4GiB",
          engine: EngineCosts | None = None, probe_max: int = 8, probe_seconds: float = 5.0,
-         as_frame: bool | None = None):
+         probe_on=None, as_frame: bool | None = None):
     """Predict what ``estimator.fit(X, y)`` would do on each number of ``workers``.
 
     Parameters
@@ -624,6 +692,11 @@ def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10G
     probe_seconds : float
         About how long each probe runs (a probe that reaches the stopping rule sooner gives
         the exact rounds).
+    probe_on : distributed.Client, optional
+        Run the probes on one of this cluster's workers (`probe`): the kernels are then
+        timed where they will run, which matters when the workers' machines differ from
+        this one or their CPU is limited (a 0.2-core CPU cgroup makes LDA's sampler spend
+        about 1.4x the CPU seconds per token at 10M tokens; BENCHMARKS.md).
     as_frame : bool, optional
         Return a pandas DataFrame (default: when pandas can be imported), else a list of
         dicts.
@@ -650,23 +723,12 @@ def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10G
             raise ValueError(f"{name} must be a number of cores > 0, got {v!r}")
     limit = _nbytes(memory_per_worker)
     probed = [P for P in Ps if P <= max(probe_max, Ps[0])]
-    # a first short fit compiles the kernels (Numba) and warms the caches; not measured
-    probe_estimator(estimator, X, y, n_partitions=probed[0], seconds=min(1.0, probe_seconds))
-    probes = {}
-    for P in probed:
-        try:
-            probes[P] = probe_estimator(estimator, X, y, n_partitions=P, seconds=probe_seconds)
-        except ValueError:
-            # the data cannot be split over P partitions (too few shards or rows): larger P
-            # are predicted from the probes that ran
-            if not probes:
-                raise
-            break
+    probes = probe(estimator, X, y, workers=probed, seconds=probe_seconds, on=probe_on)
     rows = []
     for P in Ps:
         if P in probes:
             pr = probes[P]
-            source = f"probe at P={P}"
+            source = f"probe at P={P}" + ("" if probe_on is None else f" on {pr.where}")
         else:
             setup = _setup_at(estimator, X, y, P)
             max_rounds, pbytes = setup if setup is not None else (None, None)

@@ -227,6 +227,26 @@ def test_cli_plan_of_a_pipeline(tmp_path, capsys, lasso_problem):
     assert np.isfinite([r["loop_s"] for r in rows]).all()
 
 
+def test_cli_plan_probes_on_a_scheduler_s_worker(tmp_path, capsys, lasso_problem,
+                                                 dask_client):
+    X, y = lasso_problem
+    write_sparse(tmp_path / "data.zarr", X, y, n_shards=2)
+    pipeline = tmp_path / "lasso.yaml"
+    pipeline.write_text("name: tiny\ndataset: data.zarr\nestimator:\n  class: Lasso\n"
+                        "  params: {alpha_ratio: 0.1, tol: 1.0e-5, random_state: 0}\n")
+    address = dask_client.scheduler.address
+    rc = main(["plan", str(pipeline), "--workers", "1,2", "--probe-seconds", "0.2",
+               "--probe-on", address, "--json"])
+    assert rc == 0
+    rows = json.loads(capsys.readouterr().out)
+    workers = set(dask_client.scheduler_info(n_workers=-1)["workers"])
+    where = [r["source"].split(" on ")[1].split(",")[0] for r in rows]
+    assert len(where) == 2 and set(where) <= workers
+    rc = main(["plan", str(pipeline), "--workers", "1", "--probe-on", "tcp://127.0.0.1:9"])
+    assert rc == 2
+    assert "127.0.0.1:9" in capsys.readouterr().err
+
+
 def test_plan_probes_what_the_store_allows(tmp_path, lasso_problem):
     """A store of 2 shards holds at most 2 partitions: larger P are predicted from the
     probes that could run, and the rows say so."""
@@ -303,3 +323,27 @@ def test_probe_of_rounds_in_flight_counts_each_push_in_its_round(staleness):
                           staleness=staleness)
     assert 0.0035 <= probe.compute_s < 0.006
     assert probe.driver_s < 0.002
+
+
+def test_probe_on_a_worker_measures_what_the_local_probe_does(lasso_problem, dask_client):
+    """``on=client``: the probes run on one of the cluster's worker processes (its address
+    in ``where``) and see the same rounds and bytes as the in-process ones; `plan` names the
+    worker in its ``source`` column."""
+    X, y = lasso_problem
+    est = Lasso(alpha=0.01, tol=1e-5, random_state=0)
+    here = dmp.planning.probe(est, X, y, workers=[1, 2], seconds=0.5)
+    there = dmp.planning.probe(est, X, y, workers=[2, 1], seconds=0.5, on=dask_client)
+    addresses = set(dask_client.scheduler_info(n_workers=-1)["workers"])
+    assert list(there) == [1, 2]
+    for P in (1, 2):
+        assert here[P].where == "in process" and there[P].where in addresses
+        for field in ("rounds", "max_rounds", "driver_bytes", "partition_bytes"):
+            assert getattr(there[P], field) == getattr(here[P], field), (P, field)
+        assert there[P].compute_s > 0
+    rows = dmp.plan(est, X, y, workers=[1, 2], probe_seconds=0.3, probe_on=dask_client,
+                    memory_per_worker=None, as_frame=False)
+    assert rows[1]["source"].startswith("probe at P=2 on tcp://127.0.0.1:")
+    with pytest.raises(TypeError, match="on must be a distributed.Client"):
+        dmp.planning.probe(est, X, y, workers=[1], on="tcp://127.0.0.1:1")
+    with pytest.raises(ValueError, match="seconds must be a number > 0"):
+        dmp.planning.probe(est, X, y, workers=[1], seconds=0)
