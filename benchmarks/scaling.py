@@ -21,8 +21,10 @@ and the planner's prediction of the round loop for the same P, the cores the wor
 (the median CPU share; the nominal ``cpu`` too) and the emulation's engine costs (a round of
 no work measured at that P; ``pred_line_*``: the a + b P line fitted over all P instead),
 which are measured on each cluster with `dmp.planning.NullProgram` (tiny and 1 MiB partials,
-ring hops in batches of rounds). The planner probes each model in this process (unconfined,
-on the in-process backend) before the clusters start.
+ring hops in batches of rounds). The planner probes each model on the in-process backend
+before the clusters start, on the worker of a one-worker emulated cluster of the same ``cpu``
+(``--probe-on worker``, the default: a CPU-limited process spends more CPU seconds on the same
+kernel than an unconfined one) or in this process (``--probe-on here``).
 
 ``--weak`` measures weak scaling instead: P workers fit a problem P times as large (P times
 the documents, users and their ratings, points or rows), and the speed-up is the scaled one,
@@ -78,8 +80,7 @@ from dmp.io import (open_dataset, write_dense, write_ratings, write_sparse,  # n
 from dmp.io.synthetic import (make_hashing_mixture, make_lda_corpus, make_ratings,  # noqa: E402
                               make_sparse_lasso)
 from dmp.linear_model import Lasso, SparsifiedSGDRegressor  # noqa: E402
-from dmp.planning import (EngineCosts, Network, predict, probe_estimator,  # noqa: E402
-                          measure_engine)
+from dmp.planning import EngineCosts, Network, measure_engine, predict, probe  # noqa: E402
 from dmp.testing import EmulatedCluster, emulation_unavailable  # noqa: E402
 
 MODELS = ("lasso", "lda100", "lda1000", "mf_ccd", "mf_ccdpp", "mf_als", "parmac", "sgd")
@@ -249,6 +250,30 @@ def calibrated(costs: dict, cpu: float, driver_cpu: float):
     return eng, Network(bandwidth=1.0 / per_byte, latency=0.0)
 
 
+def run_probes(problems, models, Ps, scales, args) -> dict:
+    """The planner's probes of every model at every P: on a worker of a one-worker
+    emulated cluster of the workers' ``cpu`` (``--probe-on worker``: the kernels timed as
+    the workers run them) or in this process, unconfined (``--probe-on here``)."""
+    def each(client):
+        probes = {}
+        for m in models:
+            groups = ([Ps] if len(set(scales.values())) == 1 else [[P] for P in Ps])
+            for group in groups:
+                est, ds = problems[(m, scales[group[0]])]
+                got = probe(est, ds, workers=group, seconds=args.probe_seconds, on=client)
+                for P, pr in got.items():
+                    probes[(m, P)] = pr
+                    print(f"probe {m} P={P}: {pr.probed_rounds} rounds in {pr.probe_s:.1f} s "
+                          f"({pr.rounds_source}, {pr.where})", flush=True)
+        return probes
+
+    if args.probe_on == "here":
+        return each(None)
+    with EmulatedCluster(n_workers=1, cpu=args.cpu, memory_limit="4GiB", driver_cpu=args.cpu,
+                         scheduler_cpu=args.cpu) as cluster:
+        return each(cluster.client)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="the same as --size quick")
@@ -264,6 +289,9 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--probe-seconds", type=float, default=60.0,
                     help="planner probe per model and P (long: probes then run whole fits)")
+    ap.add_argument("--probe-on", choices=("worker", "here"), default="worker",
+                    help="run the planner's probes on an emulated worker of --cpu cores "
+                         "(default) or in this process, unconfined")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scaling.json"))
     args = ap.parse_args(argv)
     if args.quick:
@@ -289,17 +317,7 @@ def main(argv=None) -> int:
                                                   scale=scale)
                 print(f"built {m} x{scale}: {pr[1]} ({time.perf_counter() - t0:.1f} s)",
                       flush=True)
-        # the planner's probes, in this process (before any cgroup confines it)
-        probes = {}
-        for m in models:
-            est, ds = problems[(m, scales[Ps[0]])]
-            probe_estimator(est, ds, n_partitions=1, seconds=1.0)   # compile, warm caches
-            for P in Ps:
-                est, ds = problems[(m, scales[P])]
-                pr = probe_estimator(est, ds, n_partitions=P, seconds=args.probe_seconds)
-                probes[(m, P)] = pr
-                print(f"probe {m} P={P}: {pr.probed_rounds} rounds in {pr.probe_s:.1f} s "
-                      f"({pr.rounds_source})", flush=True)
+        probes = run_probes(problems, models, Ps, scales, args)
         measured: dict = {}
         costs: dict = {}
         shares: dict = {}
@@ -378,6 +396,7 @@ def main(argv=None) -> int:
             "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.processor()}",
             "command": "python benchmarks/scaling.py " + " ".join(argv or sys.argv[1:]),
             "cpu": cpu, "cores_given_to_planner": got, "workers": Ps, "size": args.size,
+            "probe_on": args.probe_on,
             "weak": args.weak,
             "cpu_share": {str(P): v for P, v in shares.items()},
             "engine": {"null_rounds": {str(P): v for P, v in med_costs.items()},

@@ -17,6 +17,7 @@ checks it before a fit.
 A round on P workers is predicted as::
 
     compute  = slowest partition's push / min(cores_per_worker, 1)
+               (the first round's as the probe measured it, the others' as their mean)
     driver   = driver's share / min(driver_cores, 1)
     comm     = (driver bytes / bandwidth + 2 latency) / rounds per call
                + ring bytes per worker / bandwidth + ring messages x latency
@@ -175,6 +176,10 @@ class Probe:
     probe_s: float = 0.0
     #: where it ran: "in process", or the address of the Dask worker that ran it
     where: str = "in process"
+    #: seconds of the slowest partition's push in the fit's first round, which often does
+    #: other work than the rest (LDA's first round only starts the sweeps; None: as the
+    #: others)
+    first_compute_s: float | None = None
 
 
 def _probe_from_history(rec: "_Recorder", P: int, *, max_rounds: int,
@@ -206,7 +211,11 @@ def _probe_from_history(rec: "_Recorder", P: int, *, max_rounds: int,
     # process, and counted there; a message to itself is no message)
     messages = float(np.mean(rec.received[first:])) / P if rec.received else 0.0
     completed = not rec.stopped
+    # the first round after the warm-up probe: compiled, with caches less warm than later
+    first_compute = (max(rec.round_pushes.get(0) or [0.0]) + rec.round_applies.get(0, 0.0) / P
+                     if first else None)
     return Probe(
+        first_compute_s=first_compute,
         n_partitions=P, rounds=len(history) if completed else max_rounds,
         rounds_source="probe" if completed else "max_iter", max_rounds=max_rounds,
         compute_s=float(np.mean(compute)), driver_s=float(driver),
@@ -424,8 +433,16 @@ def _probe_each(estimator, X, y, workers: list[int], seconds: float,
                 where: str = "in process") -> dict:
     """A warm-up probe, then one probe per P in ``workers`` (ascending), up to the first
     P the data cannot be split over (an error if that is the first)."""
-    # a first short fit compiles the kernels (Numba) and warms the caches; not measured
-    probe_estimator(estimator, X, y, n_partitions=workers[0], seconds=min(1.0, seconds))
+    # a first short fit compiles the kernels (Numba) and warms the caches; not measured.
+    # At the largest P that splits the data: the shortest rounds (every probe leaves its
+    # first round, where a kernel only one P uses would compile, out anyway)
+    for P in workers[::-1]:
+        try:
+            probe_estimator(estimator, X, y, n_partitions=P, seconds=min(1.0, seconds))
+            break
+        except ValueError:
+            if P == workers[0]:
+                raise
     probes = {}
     for P in workers:
         try:
@@ -518,10 +535,13 @@ def predict(probe: Probe, P: int, *, network: Network, engine: EngineCosts = Eng
     comm = (probe.driver_bytes / network.bandwidth + 2 * network.latency) / per_call + ring_comm
     overhead = ((P * engine.call_s + engine.round_s) / sd + engine.worker_call_s / sw) / per_call \
         + ring_over
-    round_s = compute + driver + comm + overhead
     R = probe.rounds
-    return {"workers": P, "loop_s": R * round_s, "rounds": R, "round_s": round_s,
-            "compute_s": R * compute, "driver_s": R * driver, "comm_s": R * comm,
+    # the first round at its own cost, the others at the mean of the rest
+    first = compute if probe.first_compute_s is None else probe.first_compute_s / sw
+    total_compute = first + (R - 1) * compute if R >= 1 else 0.0
+    loop_s = total_compute + R * (driver + comm + overhead)
+    return {"workers": P, "loop_s": loop_s, "rounds": R, "round_s": loop_s / max(R, 1),
+            "compute_s": total_compute, "driver_s": R * driver, "comm_s": R * comm,
             "overhead_s": R * overhead, "rounds_per_call": per_call,
             "bytes_per_worker_round": probe.driver_bytes / P + probe.ring_bytes,
             "network_bytes": R * (probe.driver_bytes + P * probe.ring_bytes),

@@ -64,6 +64,11 @@ def test_predict_arithmetic():
     assert row["overhead_s"] == pytest.approx(50 * 0.012, rel=1e-12)
     assert row["bytes_per_worker_round"] == pytest.approx(1e6 + 1e6)
     assert row["network_bytes"] == pytest.approx(50 * (4e6 + 4 * 1e6))
+    # a first round of its own cost (LDA's first round only starts the sweeps)
+    first = predict(Probe(**{**probe.__dict__, "first_compute_s": 0.001}), 4, network=net,
+                    engine=eng, cores_per_worker=0.5, driver_cores=2.0)
+    assert first["compute_s"] == pytest.approx(0.001 / 0.5 + 49 * 0.04, rel=1e-12)
+    assert first["loop_s"] == pytest.approx(50 * 0.0613 - 0.04 + 0.002, rel=1e-12)
 
 
 def test_predict_batches_spread_the_call_cost():
@@ -94,7 +99,8 @@ def test_probe_of_a_program_of_known_costs():
     assert 0.0035 <= probe.compute_s < 0.5   # seconds of one core: what it spun
     assert probe.batch_rounds == 1.0
     row = predict(probe, 3, network=Network(1e9, 0.0), engine=EngineCosts(0, 0, 0, 0))
-    assert row["compute_s"] == pytest.approx(12 * probe.compute_s)
+    assert probe.first_compute_s >= 0.0035
+    assert row["compute_s"] == pytest.approx(probe.first_compute_s + 11 * probe.compute_s)
     assert row["bytes_per_worker_round"] == pytest.approx(16 + 8 + 800 + 1600)
 
 
