@@ -5,7 +5,9 @@ shares) on the in-process backend at each probed number of partitions, for a few
 each, and reads what the engine records of every round (``history_``): the seconds each
 partition pushed (the kernels' cost, on one core), the driver's share of the round (the
 rest of its wall time: schedule, pull, metrics and bookkeeping), the bytes of every kind of
-message, and the rounds each call of the Dask backend would batch (`Program.batch_rounds`).
+message, and the rounds each call of the Dask backend would batch (`Program.batch_rounds`);
+with ``probe_on`` (`probe`'s ``on``) the probes run on one worker of a cluster instead, so
+that the kernels are timed at the workers' own speed.
 How many rounds the fit takes against P comes from the algorithm itself: the estimator's
 round budget at P (its ``max_iter`` in rounds: LDA's P sub-rounds a sweep, ParMAC's
 ``e P + P`` hops an iteration, MF's rounds an iteration) and, where the stopping rule ends
