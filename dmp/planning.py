@@ -217,14 +217,14 @@ def _probe_from_history(rec: "_Recorder", P: int, *, max_rounds: int,
     first_compute = (max(rec.round_pushes.get(0) or [0.0]) + rec.round_applies.get(0, 0.0) / P
                      if first else None)
     return Probe(
-        first_compute_s=first_compute,
         n_partitions=P, rounds=len(history) if completed else max_rounds,
         rounds_source="probe" if completed else "max_iter", max_rounds=max_rounds,
         compute_s=float(np.mean(compute)), driver_s=float(driver),
         driver_bytes=float(np.mean(dbytes)), ring_bytes=float(np.mean(rbytes)),
         ring_messages=messages,
         batch_rounds=float(np.mean(batch_lengths)) if batch_lengths else 1.0,
-        partition_bytes=partition_bytes, probed_rounds=len(history), probe_s=probe_s)
+        partition_bytes=partition_bytes, probed_rounds=len(history), probe_s=probe_s,
+        first_compute_s=first_compute)
 
 
 class _Recorder:
