@@ -254,10 +254,12 @@ def run_probes(problems, models, Ps, scales, args) -> dict:
     """The planner's probes of every model at every P: on a worker of a one-worker
     emulated cluster of the workers' ``cpu`` (``--probe-on worker``: the kernels timed as
     the workers run them) or in this process, unconfined (``--probe-on here``)."""
+    # strong scaling: one problem, probed at every P in one go; weak: a problem per P
+    groups = [Ps] if len(set(scales.values())) == 1 else [[P] for P in Ps]
+
     def each(client):
         probes = {}
         for m in models:
-            groups = ([Ps] if len(set(scales.values())) == 1 else [[P] for P in Ps])
             for group in groups:
                 est, ds = problems[(m, scales[group[0]])]
                 got = probe(est, ds, workers=group, seconds=args.probe_seconds, on=client)

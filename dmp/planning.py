@@ -490,8 +490,7 @@ def probe(estimator, X, y=None, *, workers=(1, 2, 4, 8), seconds: float = 5.0,
         ``{P: Probe}``, in the order of ``workers``; ``Probe.where`` says where each ran.
     """
     Ps = _check_workers(workers)
-    if not (isinstance(seconds, (int, float)) and seconds > 0 and math.isfinite(seconds)):
-        raise ValueError(f"seconds must be a number > 0, got {seconds!r}")
+    _check_positive("seconds", seconds)
     if on is None:
         return _probe_each(estimator, X, y, Ps, float(seconds))
     from .engine.backends.base import _is_client
@@ -685,6 +684,11 @@ def _check_workers(workers) -> list[int]:
     return sorted(set(ws))
 
 
+def _check_positive(name: str, value, what: str = "a number") -> None:
+    if not (isinstance(value, (int, float)) and value > 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be {what} > 0, got {value!r}")
+
+
 def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10Gbit,50us",
          cores_per_worker: float = 1.0, driver_cores: float = 1.0, memory_per_worker="4GiB",
          engine: EngineCosts | None = None, probe_max: int = 8, probe_seconds: float = 5.0,
@@ -741,8 +745,8 @@ def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10G
     net = parse_network(network)
     engine = EngineCosts() if engine is None else engine
     for name, v in (("cores_per_worker", cores_per_worker), ("driver_cores", driver_cores)):
-        if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
-            raise ValueError(f"{name} must be a number of cores > 0, got {v!r}")
+        _check_positive(name, v, "a number of cores")
+    _check_positive("probe_seconds", probe_seconds)
     limit = _nbytes(memory_per_worker)
     probed = [P for P in Ps if P <= max(probe_max, Ps[0])]
     probes = probe(estimator, X, y, workers=probed, seconds=probe_seconds, on=probe_on)

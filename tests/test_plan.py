@@ -182,6 +182,8 @@ def test_plan_refuses_bad_arguments(lasso_problem):
         dmp.plan(Lasso(), X, y, network="fast")
     with pytest.raises(ValueError, match="cores_per_worker must be a number of cores > 0"):
         dmp.plan(Lasso(), X, y, cores_per_worker=0)
+    with pytest.raises(ValueError, match="probe_seconds must be a number > 0"):
+        dmp.plan(Lasso(), X, y, probe_seconds=float("nan"))
 
 
 def test_workers_list():
