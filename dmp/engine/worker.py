@@ -11,6 +11,7 @@ import numpy as np
 
 from .. import config
 from ..exceptions import CheckpointError
+from ..utils.heap import reuse_heap
 from .checkpoint import expected_nbytes, read_arrays, write_arrays
 from .comm import payload_nbytes
 from .program import Sends
@@ -275,6 +276,7 @@ class ActorPartitionWorker(PartitionWorker):
     def __init__(self, program, spec, index: int):
         from distributed import get_worker
 
+        reuse_heap()                      # before the partition's first temporaries
         super().__init__(program, spec, index)
         worker = self._worker = get_worker()
         # the handler outlives this partition: it must not hold it (nor its state)
