@@ -463,6 +463,9 @@ def _probe_each(estimator, X, y, workers: list[int], seconds: float,
 def _probe_on_worker(estimator, X, y, workers: list[int], seconds: float) -> dict:
     from distributed import get_worker
 
+    from .utils.heap import reuse_heap
+
+    reuse_heap()                # as a fit's partition does: its temporaries then cost the same
     return _probe_each(estimator, X, y, workers, seconds, where=get_worker().address)
 
 
