@@ -184,3 +184,50 @@ def test_lost_worker_without_replacement_redeals_partitions(tmp_path):
     f_ref = _objective(X, y, reference.coef_, reference.intercept_, alpha)
     f = _objective(X, y, est.coef_, est.intercept_, alpha)
     assert abs(f - f_ref) / f_ref <= 1e-8
+
+
+class _SlowLoad(__import__("dmp.planning", fromlist=["NullProgram"]).NullProgram):
+    """Each partition takes ``seconds`` to load."""
+
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds = seconds
+
+    def init_partition(self, spec):
+        import time
+
+        time.sleep(self.seconds)
+        return super().init_partition(spec)
+
+
+def test_a_partition_load_cancelled_elsewhere_is_taken_for_a_lost_worker(dask_client):
+    """A partition's future cancelled while it loads (by the scheduler, or another client)
+    ends the wait as a lost worker (which a fit recovers from): the wait polls the
+    future's completion, not distributed's ``result(timeout=...)``, whose race raised
+    UnboundLocalError (dask/distributed#8514)."""
+    from dmp.exceptions import WorkerLostError
+
+    import threading
+
+    backend = DaskBackend(dask_client, n_workers=2)
+    program = _SlowLoad(3.0)
+    program.start(2)
+
+    def cancel_soon():
+        import time
+
+        for _ in range(100):
+            if getattr(backend, "_futures", None):
+                break
+            time.sleep(0.05)
+        time.sleep(0.5)
+        dask_client.cancel(backend._futures)
+
+    t = threading.Thread(target=cancel_soon)
+    t.start()
+    try:
+        with pytest.raises(WorkerLostError, match="cancelled"):
+            backend.start(program, program.partition_specs(2))
+    finally:
+        t.join()
+        backend.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import math
+import threading
 import time
 from collections import deque
 
@@ -358,31 +359,32 @@ class DaskBackend(Backend):
         it ran before), while it does not leave the cluster either."""
         limit = pause_timeout()
         paused_since = None
+        # polled through a done-callback, not ``fut.result(timeout=...)``: distributed's
+        # synchronous wait with a timeout can lose the outcome in a race and raise
+        # UnboundLocalError (dask/distributed#8514; seen loading 8 partitions on 0.1-core
+        # emulated workers); ``result()`` is called once the future is done
+        done = threading.Event()
+        fut.add_done_callback(lambda _: done.set())
         while True:
-            try:
+            if done.wait(config.seconds("dmp.worker-check.interval")) or fut.done():
                 # the actor proxy binds to the current client as it is unpickled: without
                 # this, to the default client (another cluster's, or none when this client
                 # was made with set_as_default=False: every call then failed)
                 with self.client.as_current():
-                    return fut.result(timeout=config.seconds("dmp.worker-check.interval"))
-            except TimeoutError:
-                if not fut.done():
-                    workers = _identity_workers(self.client)
-                    gone = set(targets) - set(workers)
-                    if gone:
-                        raise WorkerLostError(f"worker(s) {sorted(gone)} left while loading "
-                                              f"partitions") from None
-                    info = workers.get(target) or {}
-                    if info.get("status") == "paused" and not _executing(self.client, target,
-                                                                          fut.key):
-                        now = time.monotonic()
-                        paused_since = now if paused_since is None else paused_since
-                        if now - paused_since >= limit:
-                            raise paused_worker_error(self.client, target, info,
-                                                      now - paused_since) from None
-                    else:
-                        paused_since = None
-                continue
+                    return fut.result()
+            workers = _identity_workers(self.client)
+            gone = set(targets) - set(workers)
+            if gone:
+                raise WorkerLostError(f"worker(s) {sorted(gone)} left while loading "
+                                      f"partitions")
+            info = workers.get(target) or {}
+            if info.get("status") == "paused" and not _executing(self.client, target, fut.key):
+                now = time.monotonic()
+                paused_since = now if paused_since is None else paused_since
+                if now - paused_since >= limit:
+                    raise paused_worker_error(self.client, target, info, now - paused_since)
+            else:
+                paused_since = None
 
     def start(self, program, specs) -> None:
         if self.direct:
