@@ -6,6 +6,8 @@ import logging
 import os
 import pickle
 import signal
+import threading
+import time
 import urllib.request
 
 import numpy as np
@@ -13,9 +15,11 @@ import pytest
 from sklearn.linear_model import Lasso as SkLasso
 
 from dmp.engine.backends.dask import DaskBackend, cluster_workers
+from dmp.exceptions import WorkerLostError
 from dmp.io import write_sparse
 from dmp.linear_model import Lasso
 from dmp.linear_model._lasso_program import LassoProgram
+from dmp.planning import NullProgram
 
 from conftest import alpha_max, make_problem
 
@@ -186,7 +190,7 @@ def test_lost_worker_without_replacement_redeals_partitions(tmp_path):
     assert abs(f - f_ref) / f_ref <= 1e-8
 
 
-class _SlowLoad(__import__("dmp.planning", fromlist=["NullProgram"]).NullProgram):
+class _SlowLoad(NullProgram):
     """Each partition takes ``seconds`` to load."""
 
     def __init__(self, seconds):
@@ -194,8 +198,6 @@ class _SlowLoad(__import__("dmp.planning", fromlist=["NullProgram"]).NullProgram
         self.seconds = seconds
 
     def init_partition(self, spec):
-        import time
-
         time.sleep(self.seconds)
         return super().init_partition(spec)
 
@@ -205,17 +207,11 @@ def test_a_partition_load_cancelled_elsewhere_is_taken_for_a_lost_worker(dask_cl
     ends the wait as a lost worker (which a fit recovers from): the wait polls the
     future's completion, not distributed's ``result(timeout=...)``, whose race raised
     UnboundLocalError (dask/distributed#8514)."""
-    from dmp.exceptions import WorkerLostError
-
-    import threading
-
     backend = DaskBackend(dask_client, n_workers=2)
     program = _SlowLoad(3.0)
     program.start(2)
 
     def cancel_soon():
-        import time
-
         for _ in range(100):
             if getattr(backend, "_futures", None):
                 break

@@ -28,8 +28,6 @@ _M_MMAP_THRESHOLD = -3
 #: also where its adaptive threshold stops
 MMAP_THRESHOLD_MAX = 32 << 20
 
-_OFF = {"off", "false", "no", "0", "none", ""}
-
 #: the (trim, mmap) thresholds this process was given, once it was given them
 _applied: list = [None]
 
@@ -37,10 +35,11 @@ _applied: list = [None]
 def heap_reuse_bytes() -> int | None:
     """The setting ``dmp.worker-heap-reuse`` in bytes, or None when it is off."""
     value = config.get(KEY)
-    if value is None or value is False or (isinstance(value, str) and value.strip().lower()
-                                           in _OFF):
-        return None
-    if value == 0:
+    if isinstance(value, str):
+        value = value.strip().lower()
+        if value in config._FALSE or value in ("none", ""):
+            return None
+    elif not value:                          # None, False, 0
         return None
     return config.nbytes(KEY)
 
