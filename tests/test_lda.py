@@ -356,6 +356,93 @@ def test_mostly_zero_blocks_travel_as_their_nonzeros():
                                   np.asarray(X.sum(axis=0)).ravel())
 
 
+
+def test_the_packed_buckets_kernel_draws_what_the_dense_one_draws():
+    """`sample_buckets_packed` on a block's nonzeros makes the same draws, counts and lists
+    as `sample_buckets` on the dense block, and hands the block on in `pack_block`'s form
+    (rows without tokens here included)."""
+    from dmp.decomposition._lda_program import pack_block
+
+    rng = np.random.default_rng(4)
+    Kt, rows, n_docs, n_tok = 300, 12, 15, 400
+    tok_row = np.sort(rng.choice([0, 1, 4, 5, 6, 9], n_tok)).astype(np.int32)
+    tok_doc = rng.integers(0, n_docs, n_tok).astype(np.int32)
+    order = np.lexsort((tok_doc, tok_row))
+    tok_row, tok_doc = tok_row[order], tok_doc[order]
+    z = rng.integers(0, 40, n_tok).astype(np.int32)
+    table = np.zeros((rows, Kt), dtype=np.int32)
+    np.add.at(table, (tok_row, z), 1)
+    table[[2, 3, 11], rng.integers(0, Kt, 3)] += 7    # other partitions' tokens, elsewhere
+    n_k = table.sum(axis=0).astype(np.int64) + rng.integers(0, 30, Kt)
+    u = rng.random(n_tok)
+    vbeta = 0.01 * 2000
+
+    def state():
+        return (z.copy(), n_k.copy(), *kernels.doc_topic_lists(tok_doc, z, n_docs, Kt))
+
+    z1, nk1, ptr1, dnz1, cnt1 = state()
+    dense = table.copy()
+    kernels.sample_buckets(0, n_tok, tok_row, tok_doc, z1, dense, nk1, u, 0.1, 0.01, vbeta,
+                           ptr1, dnz1, cnt1, *bucket_scratch(Kt))
+    z2, nk2, ptr2, dnz2, cnt2 = state()
+    packed = pack_block(table)
+    room = len(packed["idx"]) + n_tok
+    out_idx, out_val = np.empty(room, np.int32), np.empty(room, np.int32)
+    row = np.zeros(Kt, dtype=np.int32)
+    n = kernels.sample_buckets_packed(0, n_tok, tok_row, tok_doc, z2, packed["idx"],
+                                      packed["val"], Kt, out_idx, out_val, row, nk2, u, 0.1,
+                                      0.01, vbeta, ptr2, dnz2, cnt2, *bucket_scratch(Kt))
+    assert not np.array_equal(z1, z)                  # it sampled
+    np.testing.assert_array_equal(z2, z1)
+    np.testing.assert_array_equal(nk2, nk1)
+    np.testing.assert_array_equal(dnz2, dnz1)
+    np.testing.assert_array_equal(cnt2, cnt1)
+    expect = pack_block(dense)
+    np.testing.assert_array_equal(out_idx[:n], expect["idx"])
+    np.testing.assert_array_equal(out_val[:n], expect["val"])
+    assert not row.any()
+
+
+class _PackedCalls(LDAProgram):
+    """Counts the pushes that sampled a block in its travelling form."""
+
+    def _sample_packed(self, s, *args):
+        s["packed_pushes"] = s.get("packed_pushes", 0) + 1
+        return super()._sample_packed(s, *args)
+
+    def packed_pushes(self, s):
+        return s.get("packed_pushes", 0)
+
+
+class _DenseOnly(LDAProgram):
+    def _samples_packed(self, s, round):
+        return False
+
+
+@pytest.mark.parametrize("P", [2, 3])
+def test_blocks_sampled_as_they_travel_give_the_dense_blocks_chain(P):
+    """At large K the buckets sampler takes the blocks as their nonzeros: the same
+    assignments, counts and log-likelihoods, sub-round by sub-round, as making each block
+    dense first."""
+    X, _, _ = lda_corpus(n_docs=60, n_words=90, n_topics=5, doc_len=30, seed=2)
+    runs = []
+    for cls in (_PackedCalls, _DenseOnly):
+        prog = cls(InMemorySparseRowDataset(X, np.zeros(60), n_shards=P), n_topics=400,
+                   alpha=0.1, beta=0.05, n_sweeps=3, sampler="buckets", seed=0)
+        backend = LocalBackend(P)
+        res = run(prog, backend, max_iter=P * 4,
+                  collect=lambda b, prog=prog: prog.collect_counts(b, assignments=True))
+        extra = backend.call_all("packed_pushes") if cls is _PackedCalls else None
+        runs.append((prog.driver, [h["log_likelihood"] for h in res.history], extra))
+    (packed, ll_packed, pushes), (dense, ll_dense, _) = runs
+    assert pushes == [P * 3] * P                      # every sampling push took it packed
+    for a, b in zip(packed["z"], dense["z"]):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(packed["n_kw"], dense["n_kw"])
+    np.testing.assert_array_equal(packed["n_k"], dense["n_k"])
+    assert ll_packed == ll_dense
+
+
 # ---------------------------------------------------------------- quality
 @pytest.mark.slow
 def test_recovers_the_true_topics_and_matches_the_numpy_reference():

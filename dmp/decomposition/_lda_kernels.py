@@ -459,6 +459,105 @@ def _row_nonzeros(row, out):
 
 
 @njit(cache=True, nogil=True)
+def _buckets_start(n_k, beta, vbeta, g, h, gtree):
+    """A call's smoothing-bucket state: ``g_k = 1 / (n_k + V beta)`` and its Fenwick tree,
+    ``h = beta g``; returns ``sum g`` and the tree's top power of two."""
+    K = n_k.shape[0]
+    gsum = 0.0
+    for k in range(K):
+        g[k] = 1.0 / (n_k[k] + vbeta)
+        gsum += g[k]
+        h[k] = beta * g[k]
+    _fenwick_build(gtree, g)
+    gtop = 1
+    while gtop * 2 <= K:
+        gtop *= 2
+    return gsum, gtop
+
+
+@njit(cache=True, nogil=True)
+def _buckets_word(i0, i1, row, tok_doc, z, n_k, u, u0, alpha, beta, vbeta, gsum, gtop,
+                  dnz_ptr, dnz, dnz_cnt, g, h, gtree, wtop, wpos, wval, wtree, ybuf):
+    """Sample tokens ``[i0, i1)``, all of one word whose topic counts are ``row`` (K
+    ints, updated in place); ``u[i - u0]`` is token ``i``'s uniform.  Returns the new
+    ``sum g``; leaves ``wpos`` at -1 and ``h`` at ``beta g``, as on entry."""
+    nw = _row_nonzeros(row, wtop)
+    W = 0.0
+    for j in range(nw):
+        k = wtop[j]
+        wpos[k] = j
+        wval[j] = row[k] * g[k]
+        W += wval[j]
+        h[k] = (row[k] + beta) * g[k]
+    _fenwick_build(wtree[:nw + 1], wval[:nw])
+    wtop_pow = 1
+    while wtop_pow * 2 <= nw:
+        wtop_pow *= 2
+    ab = alpha * beta
+    for i in range(i0, i1):
+        d = tok_doc[i]
+        # the token leaves its topic: its count, g and the two trees
+        k_old = z[i]
+        row[k_old] -= 1
+        n_k[k_old] -= 1
+        old = g[k_old]
+        g[k_old] = 1.0 / (n_k[k_old] + vbeta)
+        gsum += g[k_old] - old
+        _fenwick_add(gtree, k_old, g[k_old] - old)
+        h[k_old] = (row[k_old] + beta) * g[k_old]
+        j = wpos[k_old]
+        old = wval[j]
+        wval[j] = row[k_old] * g[k_old]
+        W += wval[j] - old
+        _fenwick_add_n(wtree, nw, j, wval[j] - old)
+        base = dnz_ptr[d]
+        nd = dnz_cnt[d]
+        Y, j_old = _doc_bucket(dnz, base, nd, k_old, h, ybuf)
+        aW = alpha * W
+        target = u[i - u0] * (Y + aW + ab * gsum)
+        k_new = -1
+        if target < Y:
+            k = _doc_pick(dnz, base, nd, ybuf, target)
+        else:
+            target -= Y
+            if target < aW:
+                k = wtop[_fenwick_search_n(wtree, nw, target / alpha, wtop_pow)]
+            else:
+                k = _fenwick_search(gtree, (target - aW) / ab, gtop)
+            k_new = k
+        nd = _doc_settle(dnz, base, nd, j_old, k_new)
+        dnz_cnt[d] = nd
+        # the token joins topic k (a topic new to the word's row joins its list)
+        z[i] = k
+        row[k] += 1
+        n_k[k] += 1
+        old = g[k]
+        g[k] = 1.0 / (n_k[k] + vbeta)
+        gsum += g[k] - old
+        _fenwick_add(gtree, k, g[k] - old)
+        h[k] = (row[k] + beta) * g[k]
+        j = wpos[k]
+        if j < 0:
+            j = nw
+            wtop[j] = k
+            wpos[k] = j
+            wval[j] = 0.0
+            _fenwick_append(wtree, nw, 0.0)
+            nw += 1
+            if wtop_pow * 2 <= nw:
+                wtop_pow *= 2
+        old = wval[j]
+        wval[j] = row[k] * g[k]
+        W += wval[j] - old
+        _fenwick_add_n(wtree, nw, j, wval[j] - old)
+    for j in range(nw):
+        k = wtop[j]
+        wpos[k] = -1
+        h[k] = beta * g[k]
+    return gsum
+
+
+@njit(cache=True, nogil=True)
 def sample_buckets(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
                    dnz_ptr, dnz, dnz_cnt, g, h, gtree, wtop, wpos, wval, wtree, ybuf):
     """Three-bucket collapsed Gibbs sweep over tokens ``[t0, t1)``: no O(K) work per word.
@@ -481,100 +580,67 @@ def sample_buckets(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta
     Scratch: ``g``, ``h``, ``wval``, ``ybuf`` (K floats), ``gtree``, ``wtree`` (K + 1
     floats), ``wtop`` (K ints), ``wpos`` (K ints, -1 on entry and left so).
     """
-    K = n_k.shape[0]
-    gsum = 0.0
-    for k in range(K):
-        g[k] = 1.0 / (n_k[k] + vbeta)
-        gsum += g[k]
-        h[k] = beta * g[k]
-    _fenwick_build(gtree, g)
-    gtop = 1
-    while gtop * 2 <= K:
-        gtop *= 2
-    ab = alpha * beta
-    nw = 0
-    wtop_pow = 1
-    W = 0.0
-    w_prev = -1
-    for i in range(t0, t1):
-        d = tok_doc[i]
+    gsum, gtop = _buckets_start(n_k, beta, vbeta, g, h, gtree)
+    i = t0
+    while i < t1:
         w = tok_row[i]
-        if w != w_prev:
-            # new word: the topics its row holds, their values and tree (the last word's
-            # positions cleared)
-            for j in range(nw):
-                k = wtop[j]
-                wpos[k] = -1
-                h[k] = beta * g[k]
-            nw = _row_nonzeros(n_wk[w], wtop)
-            W = 0.0
-            for j in range(nw):
-                k = wtop[j]
-                wpos[k] = j
-                wval[j] = n_wk[w, k] * g[k]
-                W += wval[j]
-                h[k] = (n_wk[w, k] + beta) * g[k]
-            _fenwick_build(wtree[:nw + 1], wval[:nw])
-            wtop_pow = 1
-            while wtop_pow * 2 <= nw:
-                wtop_pow *= 2
-            w_prev = w
-        # the token leaves its topic: its count, g and the two trees
-        k_old = z[i]
-        n_wk[w, k_old] -= 1
-        n_k[k_old] -= 1
-        old = g[k_old]
-        g[k_old] = 1.0 / (n_k[k_old] + vbeta)
-        gsum += g[k_old] - old
-        _fenwick_add(gtree, k_old, g[k_old] - old)
-        h[k_old] = (n_wk[w, k_old] + beta) * g[k_old]
-        j = wpos[k_old]
-        old = wval[j]
-        wval[j] = n_wk[w, k_old] * g[k_old]
-        W += wval[j] - old
-        _fenwick_add_n(wtree, nw, j, wval[j] - old)
-        base = dnz_ptr[d]
-        nd = dnz_cnt[d]
-        Y, j_old = _doc_bucket(dnz, base, nd, k_old, h, ybuf)
-        aW = alpha * W
-        target = u[i - t0] * (Y + aW + ab * gsum)
-        k_new = -1
-        if target < Y:
-            k = _doc_pick(dnz, base, nd, ybuf, target)
-        else:
-            target -= Y
-            if target < aW:
-                k = wtop[_fenwick_search_n(wtree, nw, target / alpha, wtop_pow)]
-            else:
-                k = _fenwick_search(gtree, (target - aW) / ab, gtop)
-            k_new = k
-        nd = _doc_settle(dnz, base, nd, j_old, k_new)
-        dnz_cnt[d] = nd
-        # the token joins topic k (a topic new to the word's row joins its list)
-        z[i] = k
-        n_wk[w, k] += 1
-        n_k[k] += 1
-        old = g[k]
-        g[k] = 1.0 / (n_k[k] + vbeta)
-        gsum += g[k] - old
-        _fenwick_add(gtree, k, g[k] - old)
-        h[k] = (n_wk[w, k] + beta) * g[k]
-        j = wpos[k]
-        if j < 0:
-            j = nw
-            wtop[j] = k
-            wpos[k] = j
-            wval[j] = 0.0
-            _fenwick_append(wtree, nw, 0.0)
-            nw += 1
-            if wtop_pow * 2 <= nw:
-                wtop_pow *= 2
-        old = wval[j]
-        wval[j] = n_wk[w, k] * g[k]
-        W += wval[j] - old
-        _fenwick_add_n(wtree, nw, j, wval[j] - old)
-    for j in range(nw):
-        wpos[wtop[j]] = -1
+        j = i + 1
+        while j < t1 and tok_row[j] == w:
+            j += 1
+        gsum = _buckets_word(i, j, n_wk[w], tok_doc, z, n_k, u, t0, alpha, beta, vbeta,
+                             gsum, gtop, dnz_ptr, dnz, dnz_cnt, g, h, gtree, wtop, wpos,
+                             wval, wtree, ybuf)
+        i = j
+
+
+@njit(cache=True, nogil=True)
+def sample_buckets_packed(t0, t1, tok_row, tok_doc, z, idx, val, n_topics, out_idx,
+                          out_val, row, n_k, u, alpha, beta, vbeta, dnz_ptr, dnz, dnz_cnt,
+                          g, h, gtree, wtop, wpos, wval, wtree, ybuf):
+    """`sample_buckets` on a word block that stays in its travelling form (`pack_block`:
+    the flat positions ``idx``, row-major ascending, and values ``val`` of its nonzeros):
+    each sampled word's row is scattered into ``row`` (K ints, zero on entry and left so),
+    sampled as in `sample_buckets` -- the same draws, bit for bit -- and gathered back;
+    the block as it leaves goes into ``out_idx`` / ``out_val`` (room for ``len(idx) + t1 -
+    t0`` entries: a token adds at most one nonzero), in the same order.  Returns the
+    number of entries written.  No dense block is made: at large K a block's dense bytes
+    are mostly zeros, which cost more to fill and to scan than its tokens to sample."""
+    K = n_topics
+    gsum, gtop = _buckets_start(n_k, beta, vbeta, g, h, gtree)
+    E = idx.shape[0]
+    e = 0
+    n = 0
+    i = t0
+    while i < t1:
+        w = tok_row[i]
+        j = i + 1
+        while j < t1 and tok_row[j] == w:
+            j += 1
+        lo = w * K
+        while e < E and idx[e] < lo:            # rows without tokens here go as they came
+            out_idx[n] = idx[e]
+            out_val[n] = val[e]
+            n += 1
+            e += 1
+        while e < E and idx[e] < lo + K:
+            row[idx[e] - lo] = val[e]
+            e += 1
+        gsum = _buckets_word(i, j, row, tok_doc, z, n_k, u, t0, alpha, beta, vbeta,
+                             gsum, gtop, dnz_ptr, dnz, dnz_cnt, g, h, gtree, wtop, wpos,
+                             wval, wtree, ybuf)
+        for q in range(_row_nonzeros(row, wtop)):
+            k = wtop[q]
+            out_idx[n] = lo + k
+            out_val[n] = row[k]
+            row[k] = 0
+            n += 1
+        i = j
+    while e < E:
+        out_idx[n] = idx[e]
+        out_val[n] = val[e]
+        n += 1
+        e += 1
+    return n
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

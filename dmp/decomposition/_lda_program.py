@@ -328,9 +328,14 @@ class LDAProgram(Program):
         # holds a dense block: the next one waits for this very block) is unpacked at once,
         # off that push's critical path (BENCHMARKS.md, "A model larger than a worker")
         b, packed = blk
-        if s["next_push"] == round + 1:
+        if s["next_push"] == round + 1 and not self._samples_packed(s, round + 1):
             blk = (b, self._unpack(s, packed))
         s["inbox"][round] = blk
+
+    def _samples_packed(self, s, round) -> bool:
+        """Whether round ``round`` samples a block in the form it travelled in, without
+        making it dense: the buckets sampler's rounds (`kernels.sample_buckets_packed`)."""
+        return self.sampler == "buckets" and round >= s["P"]
 
     @staticmethod
     def _unpack(s, packed):
@@ -344,7 +349,9 @@ class LDAProgram(Program):
                 raise RuntimeError(f"partition {s['p']}: no word block arrived for round "
                                    f"{round}")
             b, packed = s["inbox"].pop(round - 1)
-            s["held"] = (b, self._unpack(s, packed))
+            if not (isinstance(packed, dict) and self._samples_packed(s, round)):
+                packed = self._unpack(s, packed)
+            s["held"] = (b, packed)
         b, table = s["held"]
         want = (s["p"] + round) % s["P"]
         if b != want:
@@ -387,10 +394,13 @@ class LDAProgram(Program):
                 K = self.n_topics
                 s["wtop"], s["wpos"] = np.empty(K, np.int32), np.full(K, -1, np.int32)
                 s["wval"], s["wtree"], s["h"] = np.empty(K), np.empty(K + 1), np.empty(K)
-            kernels.sample_buckets(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table, n_k, u,
-                                   self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz"],
-                                   s["dnz_cnt"], s["phi"], s["h"], s["tree"], s["wtop"],
-                                   s["wpos"], s["wval"], s["wtree"], s["buf"])
+            scratch = (s["dnz_ptr"], s["dnz"], s["dnz_cnt"], s["phi"], s["h"], s["tree"],
+                       s["wtop"], s["wpos"], s["wval"], s["wtree"], s["buf"])
+            if isinstance(table, dict):
+                table = self._sample_packed(s, table, t0, t1, n_k, u, vbeta, scratch)
+            else:
+                kernels.sample_buckets(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table,
+                                       n_k, u, self.alpha, self.beta, vbeta, *scratch)
         elif self.sampler == "sparse":
             kernels.sample_sparse(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table, n_k, u,
                                   self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz"],
@@ -407,7 +417,9 @@ class LDAProgram(Program):
         if plan.last:
             partial["ll_doc"] = kernels.doc_loglik(s["doc_len"], self.n_topics, self.alpha,
                                              s["dnz_ptr"], s["dnz"], s["dnz_cnt"])
-            partial["ll_word"] = kernels.word_loglik(table, self.beta)
+            # (a packed block's values in the dense block's order: the same sum)
+            partial["ll_word"] = kernels.word_loglik(
+                table["val"].reshape(1, -1) if isinstance(table, dict) else table, self.beta)
             # when the sweep ended here (wall clock, comparable across the workers): the
             # driver scores batched rounds after the batch, so its own clock cannot say
             partial["t_end"] = time.time()
@@ -415,6 +427,22 @@ class LDAProgram(Program):
         # the neighbour's message carries the block too (a lone partition sends it to itself)
         messages[dest] = ((b, self._pack(s, table, dest)), dn if dest != s["p"] else None)
         return Sends(partial, messages)
+
+    def _sample_packed(self, s, packed, t0, t1, n_k, u, vbeta, scratch):
+        """`kernels.sample_buckets_packed` on a block as it travelled; returns the block
+        as it travels on (dense once most of its counts are nonzero, as `pack_block`)."""
+        if "row" not in s:
+            s["row"] = np.zeros(self.n_topics, dtype=np.int32)
+        idx, val = packed["idx"], packed["val"]
+        room = len(idx) + (t1 - t0)
+        out_idx, out_val = np.empty(room, dtype=idx.dtype), np.empty(room, dtype=val.dtype)
+        n = kernels.sample_buckets_packed(t0, t1, s["tok_row"], s["tok_doc"], s["z"], idx,
+                                          val, self.n_topics, out_idx, out_val, s["row"],
+                                          n_k, u, self.alpha, self.beta, vbeta, *scratch)
+        out = {"shape": packed["shape"], "idx": out_idx[:n], "val": out_val[:n]}
+        if n * 8 >= int(np.prod(packed["shape"])) * val.itemsize // 2:
+            return unpack_block(out)
+        return out
 
     @staticmethod
     def _totals(s, round):
@@ -431,7 +459,7 @@ class LDAProgram(Program):
         """The block as it travels to ``dest``; a block that travels as its nonzeros stays
         here as the spare.  Packing only pays for bytes on the wire: a lone partition keeps
         its block as it is."""
-        if dest == s["p"]:
+        if dest == s["p"] or isinstance(table, dict):
             return table
         packed = pack_block(table)
         if packed is not table and table.nbytes <= config.nbytes("dmp.lda.spare-block-bytes"):
