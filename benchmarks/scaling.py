@@ -24,7 +24,10 @@ which are measured on each cluster with `dmp.planning.NullProgram` (tiny and 1 M
 ring hops in batches of rounds). The planner probes each model on the in-process backend
 before the clusters start, on the worker of a one-worker emulated cluster of the same ``cpu``
 (``--probe-on worker``, the default: a CPU-limited process spends more CPU seconds on the same
-kernel than an unconfined one) or in this process (``--probe-on here``).
+kernel than an unconfined one), on every worker of each P's own cluster at once before that
+P's fits (``--probe-on cluster``: `dmp.plan`'s ``probe_all_workers``, the kernels timed while
+all P workers share the machine's cores, caches and memory bus) or in this process
+(``--probe-on here``).
 
 ``--weak`` measures weak scaling instead: P workers fit a problem P times as large (P times
 the documents, users and their ratings, points or rows), and the speed-up is the scaled one,
@@ -269,6 +272,8 @@ def run_probes(problems, models, Ps, scales, args) -> dict:
                           f"({pr.rounds_source}, {pr.where})", flush=True)
         return probes
 
+    if args.probe_on == "cluster":
+        return {}               # probed on each P's own cluster (`main`)
     if args.probe_on == "here":
         return each(None)
     with EmulatedCluster(n_workers=1, cpu=args.cpu, memory_limit="4GiB", driver_cpu=args.cpu,
@@ -291,9 +296,11 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--probe-seconds", type=float, default=60.0,
                     help="planner probe per model and P (long: probes then run whole fits)")
-    ap.add_argument("--probe-on", choices=("worker", "here"), default="worker",
+    ap.add_argument("--probe-on", choices=("worker", "cluster", "here"), default="worker",
                     help="run the planner's probes on an emulated worker of --cpu cores "
-                         "(default) or in this process, unconfined")
+                         "(default), on every worker of each P's own emulated cluster at "
+                         "once before its fits (the kernels timed with all P workers busy), "
+                         "or in this process, unconfined")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scaling.json"))
     args = ap.parse_args(argv)
     if args.quick:
@@ -335,6 +342,15 @@ def main(argv=None) -> int:
                     print(f"P={P} rep {rep}: cpu share {shares[P][-1]:.3f}, null round "
                           f"{c['null_s'] * 1e3:.1f} ms", flush=True)
                     mods = models if rep % 2 == 0 else models[::-1]
+                    if args.probe_on == "cluster" and rep == 0:
+                        for m in mods:
+                            est, ds = problems[(m, scales[P])]
+                            pr = probe(est, ds, workers=[P], seconds=args.probe_seconds,
+                                       on=client, all_workers=True)[P]
+                            probes[(m, P)] = pr
+                            print(f"probe {m} P={P}: {pr.probed_rounds} rounds in "
+                                  f"{pr.probe_s:.1f} s ({pr.rounds_source}, {pr.where})",
+                                  flush=True)
                     for m in mods:
                         est, ds = problems[(m, scales[P])]
                         r = fit_on(est, ds, client, P)

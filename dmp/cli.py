@@ -522,7 +522,8 @@ def _cmd_plan(args) -> int:
         rows = plan(cls(**params), ds, workers=args.workers, network=network,
                     cores_per_worker=args.cores_per_worker, driver_cores=args.driver_cores,
                     memory_per_worker=args.memory_per_worker, probe_max=args.probe_max,
-                    probe_seconds=args.probe_seconds, probe_on=client, as_frame=False)
+                    probe_seconds=args.probe_seconds, probe_on=client,
+                    probe_all_workers=args.probe_all_workers, as_frame=False)
     finally:
         if client is not None:
             client.close()
@@ -571,6 +572,9 @@ def _add_plan_parser(sub) -> None:
     pl.add_argument("--probe-on", metavar="ADDRESS",
                     help="run the probes on a worker of the Dask scheduler at ADDRESS, to "
                          "time the kernels on the workers' own machines (default: here)")
+    pl.add_argument("--probe-all-workers", action="store_true",
+                    help="with --probe-on: probe on every worker at once and plan with the "
+                         "slowest (kernels timed with all workers busy)")
     pl.add_argument("--json", action="store_true", help="print the table as JSON")
     pl.add_argument("--png", metavar="FILE", help="write the predicted speed-up to FILE")
     pl.set_defaults(func=_cmd_plan)

@@ -7,7 +7,8 @@ partition pushed (the kernels' cost, on one core), the driver's share of the rou
 rest of its wall time: schedule, pull, metrics and bookkeeping), the bytes of every kind of
 message, and the rounds each call of the Dask backend would batch (`Program.batch_rounds`);
 with ``probe_on`` (`probe`'s ``on``) the probes run on one worker of a cluster instead, so
-that the kernels are timed at the workers' own speed.
+that the kernels are timed at the workers' own speed, and with ``probe_all_workers`` on every
+worker at once, so that they are timed as they run when all workers are busy.
 How many rounds the fit takes against P comes from the algorithm itself: the estimator's
 round budget at P (its ``max_iter`` in rounds: LDA's P sub-rounds a sweep, ParMAC's
 ``e P + P`` hops an iteration, MF's rounds an iteration) and, where the stopping rule ends
@@ -41,6 +42,7 @@ a network shared by more than the driver's link.
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import time
@@ -470,7 +472,7 @@ def _probe_on_worker(estimator, X, y, workers: list[int], seconds: float) -> dic
 
 
 def probe(estimator, X, y=None, *, workers=(1, 2, 4, 8), seconds: float = 5.0,
-          on=None) -> dict:
+          on=None, all_workers: bool = False) -> dict:
     """Probe ``estimator``'s fit at each number of partitions in ``workers``.
 
     Parameters
@@ -486,6 +488,13 @@ def probe(estimator, X, y=None, *, workers=(1, 2, 4, 8), seconds: float = 5.0,
         then measure the kernels at the workers' own speed (their cores, caches, memory
         allocator and any CPU limit).  The data travels as for a fit (a store is opened
         there; in-memory data is sent) and that worker holds every partition at once.
+    all_workers : bool
+        With ``on``: run the same probes on every worker of the cluster at once and keep,
+        for each P, the slowest worker's (a round waits for its slowest partition).  The
+        kernels are then timed as they run when every worker is busy: workers that share a
+        machine's caches and memory bus (several per node, or CPU-limited ones on few
+        cores) spend more CPU seconds on the same work than one worker alone.  Each worker
+        holds the whole problem for its probe.
 
     Returns
     -------
@@ -503,8 +512,36 @@ def probe(estimator, X, y=None, *, workers=(1, 2, 4, 8), seconds: float = 5.0,
     addresses = sorted(on.scheduler_info(n_workers=-1)["workers"])
     if not addresses:
         raise RuntimeError(f"the cluster of {on} has no worker to run the probes on")
-    return on.submit(_probe_on_worker, estimator, X, y, Ps, float(seconds),
-                     workers=addresses[:1], allow_other_workers=False, pure=False).result()
+    estimator = _shippable(estimator)
+    if not all_workers:
+        return on.submit(_probe_on_worker, estimator, X, y, Ps, float(seconds),
+                         workers=addresses[:1], allow_other_workers=False, pure=False).result()
+    # the data goes out once and is copied worker to worker
+    data = on.scatter([X, y], broadcast=True, hash=False)
+    futures = [on.submit(_probe_on_worker, estimator, *data, Ps, float(seconds),
+                         workers=[a], allow_other_workers=False, pure=False)
+               for a in addresses]
+    return _slowest(on.gather(futures))
+
+
+def _shippable(estimator):
+    """A clone of ``estimator`` without what ties it to this process (a client as its
+    backend, a callback), which the probes replace anyway: what goes to a worker."""
+    shallow = copy.copy(estimator)
+    shallow.backend, shallow.callback = "local", None
+    return clone(shallow)
+
+
+def _slowest(per_worker: list[dict]) -> dict:
+    """For each P, the probe of the worker whose pushes took longest, its ``where`` naming
+    it among how many ran at once."""
+    out = {}
+    for P in per_worker[0]:
+        got = [probes[P] for probes in per_worker if P in probes]
+        pr = max(got, key=lambda p: p.compute_s)
+        pr.where = f"the slowest of {len(got)} workers probing at once ({pr.where})"
+        out[P] = pr
+    return out
 
 
 # --------------------------------------------------------------------------- the prediction
@@ -695,7 +732,7 @@ def _check_positive(name: str, value, what: str = "a number") -> None:
 def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10Gbit,50us",
          cores_per_worker: float = 1.0, driver_cores: float = 1.0, memory_per_worker="4GiB",
          engine: EngineCosts | None = None, probe_max: int = 8, probe_seconds: float = 5.0,
-         probe_on=None, as_frame: bool | None = None):
+         probe_on=None, probe_all_workers: bool = False, as_frame: bool | None = None):
     """Predict what ``estimator.fit(X, y)`` would do on each number of ``workers``.
 
     Parameters
@@ -726,6 +763,11 @@ def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10G
         timed where they will run, which matters when the workers' machines differ from
         this one or their CPU is limited (a 0.2-core CPU cgroup makes LDA's sampler spend
         about 1.4x the CPU seconds per token at 10M tokens; BENCHMARKS.md).
+    probe_all_workers : bool
+        With ``probe_on``: probe on every worker of that cluster at once and plan with the
+        slowest (`probe`'s ``all_workers``): the kernels timed as they run when all workers
+        are busy, for workers that share machines.  Best with as many workers as the fit
+        will have.
     as_frame : bool, optional
         Return a pandas DataFrame (default: when pandas can be imported), else a list of
         dicts.
@@ -752,7 +794,10 @@ def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10G
     _check_positive("probe_seconds", probe_seconds)
     limit = _nbytes(memory_per_worker)
     probed = [P for P in Ps if P <= max(probe_max, Ps[0])]
-    probes = probe(estimator, X, y, workers=probed, seconds=probe_seconds, on=probe_on)
+    if probe_all_workers and probe_on is None:
+        raise ValueError("probe_all_workers needs probe_on, the cluster whose workers probe")
+    probes = probe(estimator, X, y, workers=probed, seconds=probe_seconds, on=probe_on,
+                   all_workers=probe_all_workers)
     rows = []
     for P in Ps:
         if P in probes:

@@ -353,5 +353,35 @@ def test_probe_on_a_worker_measures_what_the_local_probe_does(lasso_problem, das
     assert rows[1]["source"].startswith("probe at P=2 on tcp://127.0.0.1:")
     with pytest.raises(TypeError, match="on must be a distributed.Client"):
         dmp.planning.probe(est, X, y, workers=[1], on="tcp://127.0.0.1:1")
+    # every worker at once: the slowest worker's probe, with the same rounds and bytes;
+    # an estimator that holds a client (as after a fit on a cluster) goes without it
+    est.set_params(backend=dask_client)
+    busy = dmp.planning.probe(est, X, y, workers=[1, 2], seconds=0.5, on=dask_client,
+                              all_workers=True)
+    assert est.backend is dask_client
+    for P in (1, 2):
+        assert busy[P].where.startswith("the slowest of 2 workers probing at once (tcp://")
+        assert busy[P].where.split("(")[1].rstrip(")") in addresses
+        for field in ("rounds", "max_rounds", "driver_bytes", "partition_bytes"):
+            assert getattr(busy[P], field) == getattr(here[P], field), (P, field)
+    rows = dmp.plan(est, X, y, workers=[1, 2], probe_seconds=0.3, probe_on=dask_client,
+                    probe_all_workers=True, memory_per_worker=None, as_frame=False)
+    assert "the slowest of 2 workers probing at once" in rows[1]["source"]
+    with pytest.raises(ValueError, match="probe_all_workers needs probe_on"):
+        dmp.plan(est, X, y, workers=[1], probe_all_workers=True)
     with pytest.raises(ValueError, match="seconds must be a number > 0"):
         dmp.planning.probe(est, X, y, workers=[1], seconds=0)
+
+
+def test_probes_of_all_workers_keep_the_slowest():
+    """For each P the probe whose pushes took longest, whichever worker ran it."""
+    def pr(P, compute, where):
+        return Probe(n_partitions=P, rounds=5, rounds_source="stopping rule", max_rounds=9,
+                     compute_s=compute, driver_s=0.001, driver_bytes=8, where=where)
+
+    got = dmp.planning._slowest([{1: pr(1, 0.010, "a"), 2: pr(2, 0.030, "a")},
+                                 {1: pr(1, 0.020, "b"), 2: pr(2, 0.025, "b")},
+                                 {1: pr(1, 0.015, "c")}])
+    assert list(got) == [1, 2]
+    assert got[1].compute_s == 0.020 and got[1].where.endswith("3 workers probing at once (b)")
+    assert got[2].compute_s == 0.030 and got[2].where.endswith("2 workers probing at once (a)")
