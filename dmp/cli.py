@@ -503,6 +503,9 @@ def _cmd_plan(args) -> int:
     from .planning import parse_network, plan, plot_plan, table_text
 
     network = parse_network(args.network)      # a bad string fails before any work
+    if args.probe_all_workers and not args.probe_on:
+        raise ValueError("--probe-all-workers needs --probe-on ADDRESS, the cluster whose "
+                         "workers probe")
     spec = load_pipeline(args.pipeline)
     ds = _open_data(spec)
     cls = spec.estimator.cls

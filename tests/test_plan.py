@@ -198,6 +198,7 @@ def test_workers_list():
     (["--workers", "1,0"], "argument --workers: workers must be whole numbers >= 1"),
     (["--workers", "1,2,...,x"], "argument --workers"),
     (["--cores-per-worker", "-1"], "--cores-per-worker must be a number > 0"),
+    (["--probe-all-workers"], "--probe-all-workers needs --probe-on ADDRESS"),
 ])
 def test_cli_plan_refuses(tmp_path, capsys, argv, says):
     pipeline = tmp_path / "p.yaml"
@@ -250,6 +251,11 @@ def test_cli_plan_probes_on_a_scheduler_s_worker(tmp_path, capsys, lasso_problem
     workers = set(dask_client.scheduler_info(n_workers=-1)["workers"])
     where = [r["source"].split(" on ")[1].split(",")[0] for r in rows]
     assert len(where) == 2 and set(where) <= workers
+    rc = main(["plan", str(pipeline), "--workers", "2", "--probe-seconds", "0.2",
+               "--probe-on", address, "--probe-all-workers", "--json"])
+    assert rc == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert "the slowest of 2 workers probing at once" in row["source"]
     rc = main(["plan", str(pipeline), "--workers", "1", "--probe-on", "tcp://127.0.0.1:9"])
     assert rc == 2
     assert "127.0.0.1:9" in capsys.readouterr().err
