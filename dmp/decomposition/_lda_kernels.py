@@ -558,6 +558,16 @@ def _buckets_word(i0, i1, row, tok_doc, z, n_k, u, u0, alpha, beta, vbeta, gsum,
 
 
 @njit(cache=True, nogil=True)
+def _word_end(tok_row, i, t1):
+    """The end of the run of tokens of token ``i``'s word (tokens are sorted by word)."""
+    w = tok_row[i]
+    j = i + 1
+    while j < t1 and tok_row[j] == w:
+        j += 1
+    return j
+
+
+@njit(cache=True, nogil=True)
 def sample_buckets(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
                    dnz_ptr, dnz, dnz_cnt, g, h, gtree, wtop, wpos, wval, wtree, ybuf):
     """Three-bucket collapsed Gibbs sweep over tokens ``[t0, t1)``: no O(K) work per word.
@@ -584,9 +594,7 @@ def sample_buckets(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta
     i = t0
     while i < t1:
         w = tok_row[i]
-        j = i + 1
-        while j < t1 and tok_row[j] == w:
-            j += 1
+        j = _word_end(tok_row, i, t1)
         gsum = _buckets_word(i, j, n_wk[w], tok_doc, z, n_k, u, t0, alpha, beta, vbeta,
                              gsum, gtop, dnz_ptr, dnz, dnz_cnt, g, h, gtree, wtop, wpos,
                              wval, wtree, ybuf)
@@ -613,9 +621,7 @@ def sample_buckets_packed(t0, t1, tok_row, tok_doc, z, idx, val, n_topics, out_i
     i = t0
     while i < t1:
         w = tok_row[i]
-        j = i + 1
-        while j < t1 and tok_row[j] == w:
-            j += 1
+        j = _word_end(tok_row, i, t1)
         lo = w * K
         while e < E and idx[e] < lo:            # rows without tokens here go as they came
             out_idx[n] = idx[e]
