@@ -228,6 +228,13 @@ CASES = [
                                                 n_workers=2, checkpoint_every=2),
          history=("ll_per_token",), extra=_lda_extra,
          resume=dict(stop_at=9, other_params={"sampler": "dense"})),
+    # K = 1,500: the word blocks travel as their nonzeros and are sampled in that form
+    Case("lda-buckets", _corpus,
+         lambda X, y: LatentDirichletAllocation(1500, max_iter=6, sampler="buckets",
+                                                random_state=4, n_workers=2,
+                                                checkpoint_every=2),
+         history=("ll_per_token",), extra=_lda_extra,
+         resume=dict(stop_at=9, other_params={"sampler": "sparse"})),
     Case("lda-dense", _corpus,
          lambda X, y: LatentDirichletAllocation(5, max_iter=6, sampler="dense", random_state=4,
                                                 n_workers=2),

@@ -30,15 +30,3 @@ def test_one_partition_on_dask_sends_its_block_to_itself(dask_client):
     np.testing.assert_array_equal(remote.topic_word_counts_, local.topic_word_counts_)
     assert np.all(remote.history_["bytes_ring"] == 0)   # nothing left the worker
 
-
-def test_blocks_sampled_as_they_travel_on_dask_equal_the_in_process_fit(dask_client):
-    """At K = 1,500 (`sampler="auto"`: buckets) the word blocks travel as their nonzeros
-    and are sampled in that form on the workers: the same counts and scores as in process,
-    with the ring carrying far less than the dense blocks."""
-    X, _, _ = lda_corpus(n_docs=90, n_words=120, n_topics=4, doc_len=30, seed=8)
-    kw = dict(max_iter=3, random_state=0, n_workers=2)
-    a = LatentDirichletAllocation(1500, backend=dask_client, **kw).fit(X)
-    b = LatentDirichletAllocation(1500, backend="local", **kw).fit(X)
-    np.testing.assert_array_equal(a.topic_word_counts_, b.topic_word_counts_)
-    np.testing.assert_array_equal(a.history_["log_likelihood"], b.history_["log_likelihood"])
-    assert np.all(a.history_["bytes_ring"] < 60 * 1500 * 4 / 4)
