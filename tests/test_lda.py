@@ -415,15 +415,51 @@ class _PackedCalls(LDAProgram):
 
 
 class _DenseOnly(LDAProgram):
-    def _samples_packed(self, s, round):
+    def _keeps_packed(self, P):
         return False
 
 
+def test_counting_into_a_packed_block_is_counting_into_the_dense_one():
+    from dmp.decomposition._lda_program import count_packed, empty_block, pack_block
+
+    rng = np.random.default_rng(5)
+    Kt, rows, n_tok = 300, 12, 500
+    tok_row = np.sort(rng.choice([0, 2, 3, 7, 11], n_tok)).astype(np.int32)
+    z = rng.integers(0, 60, n_tok).astype(np.int32)
+    table = np.zeros((rows, Kt), dtype=np.int32)
+    table[[1, 2, 7], [5, 0, 299]] = [3, 1, 4]                 # other partitions' counts
+    for t0, t1 in [(0, n_tok), (100, 250), (0, 0)]:
+        dense = table.copy()
+        kernels.count_block(t0, t1, tok_row, np.zeros(n_tok, np.int32), z, dense)
+        got = count_packed(pack_block(table), t0, t1, tok_row, z)
+        want = pack_block(dense)
+        np.testing.assert_array_equal(got["idx"], want["idx"])
+        np.testing.assert_array_equal(got["val"], want["val"])
+        assert got["idx"].dtype == want["idx"].dtype and got["val"].dtype == np.int32
+    empty = count_packed(empty_block((rows, Kt)), 0, 0, tok_row, z)
+    assert empty["idx"].size == 0 and empty["shape"] == (rows, Kt)
+    # a block most of whose counts are nonzero goes on dense, as pack_block sends it
+    full = count_packed(empty_block((2, 3)), 0, 6, np.array([0, 0, 0, 1, 1, 1], np.int32),
+                        np.array([0, 1, 2, 0, 1, 1], np.int32))
+    np.testing.assert_array_equal(full, [[1, 1, 1], [1, 2, 0]])
+    assert full.dtype == np.int32
+
+
 @pytest.mark.parametrize("P", [2, 3])
-def test_blocks_sampled_as_they_travel_give_the_dense_blocks_chain(P):
-    """At large K the buckets sampler takes the blocks as their nonzeros: the same
-    assignments, counts and log-likelihoods, sub-round by sub-round, as making each block
-    dense first."""
+def test_blocks_sampled_as_they_travel_give_the_dense_blocks_chain(P, monkeypatch):
+    """At large K the buckets sampler counts into and samples the blocks as their
+    nonzeros: the same assignments, counts and log-likelihoods, sub-round by sub-round, as
+    making each block dense first."""
+    from dmp.decomposition import _lda_program
+
+    counted = []
+
+    def count_packed(*args):
+        counted.append(1)
+        return real_count(*args)
+
+    real_count = _lda_program.count_packed
+    monkeypatch.setattr(_lda_program, "count_packed", count_packed)
     X, _, _ = lda_corpus(n_docs=60, n_words=90, n_topics=5, doc_len=30, seed=2)
     runs = []
     for cls in (_PackedCalls, _DenseOnly):
@@ -436,6 +472,7 @@ def test_blocks_sampled_as_they_travel_give_the_dense_blocks_chain(P):
         runs.append((prog.driver, [h["log_likelihood"] for h in res.history], extra))
     (packed, ll_packed, pushes), (dense, ll_dense, _) = runs
     assert pushes == [P * 3] * P                      # every sampling push took it packed
+    assert len(counted) == P * P                      # and every counting push
     for a, b in zip(packed["z"], dense["z"]):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(packed["n_kw"], dense["n_kw"])

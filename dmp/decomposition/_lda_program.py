@@ -177,6 +177,33 @@ def expand_tokens(indptr, indices, data, block, row, n_blocks):
     return tok_doc, tok_row, tok_word, block_ptr, doc_len
 
 
+def empty_block(shape) -> dict:
+    """A word block of no counts in `pack_block`'s form."""
+    dtype = np.int32 if int(np.prod(shape)) < 2**31 else np.int64
+    return {"shape": tuple(shape), "idx": np.empty(0, dtype=dtype),
+            "val": np.empty(0, dtype=np.int32)}
+
+
+def count_packed(packed: dict, t0, t1, tok_row, z):
+    """`kernels.count_block` on a block in `pack_block`'s form: its nonzeros with one count
+    added for each token ``[t0, t1)`` at (its word row, its topic), in the same form (dense
+    once most of its counts are nonzero, as `pack_block` decides)."""
+    K = packed["shape"][1]
+    idx, val = packed["idx"], packed["val"]
+    keys = np.concatenate([idx.astype(np.int64),
+                           tok_row[t0:t1].astype(np.int64) * K + z[t0:t1]])
+    counts = np.concatenate([val, np.ones(t1 - t0, dtype=val.dtype)])
+    order = np.argsort(keys, kind="stable")
+    keys, counts = keys[order], counts[order]
+    starts = np.flatnonzero(np.diff(keys, prepend=-1))
+    out = {"shape": packed["shape"], "idx": keys[starts].astype(idx.dtype),
+           # (reduceat would sum int32 counts into int64: twice the bytes, dense or not)
+           "val": np.add.reduceat(counts, starts, dtype=val.dtype) if len(starts) else counts}
+    if len(starts) * 8 >= int(np.prod(packed["shape"])) * val.itemsize // 2:
+        return unpack_block(out)
+    return out
+
+
 def pack_block(table: np.ndarray):
     """A word block as it travels: its nonzeros (position, count) when that is less than half
     the dense bytes -- at large K most word-topic counts are zero -- else the block itself."""
@@ -296,7 +323,8 @@ class LDAProgram(Program):
                 "dnz_ptr": dnz_ptr, "dnz": dnz, "dnz_cnt": dnz_cnt,
                 "sizes": sizes, "local_nk": n_k,
                 # the block this partition starts with: its own, empty
-                "held": (p, np.zeros((int(sizes[p]), Kt), dtype=np.int32)),
+                "held": (p, empty_block((int(sizes[p]), Kt)) if self._keeps_packed(P)
+                         else np.zeros((int(sizes[p]), Kt), dtype=np.int32)),
                 # blocks arrived (by the round they were sent in), and the other
                 # partitions' changes of n_k (summed per round) not yet added to n_k
                 "inbox": {}, "n_k": None, "dn_in": {},
@@ -328,14 +356,16 @@ class LDAProgram(Program):
         # holds a dense block: the next one waits for this very block) is unpacked at once,
         # off that push's critical path (BENCHMARKS.md, "A model larger than a worker")
         b, packed = blk
-        if s["next_push"] == round + 1 and not self._samples_packed(s, round + 1):
+        if s["next_push"] == round + 1 and not self._keeps_packed(s["P"]):
             blk = (b, self._unpack(s, packed))
         s["inbox"][round] = blk
 
-    def _samples_packed(self, s, round) -> bool:
-        """Whether round ``round`` samples a block in the form it travelled in, without
-        making it dense: the buckets sampler's rounds (`kernels.sample_buckets_packed`)."""
-        return self.sampler == "buckets" and round >= s["P"]
+    def _keeps_packed(self, P) -> bool:
+        """Whether the partitions of a fit on ``P`` count and sample a word block in the
+        form it travelled in, never making it dense: the buckets sampler's on several
+        partitions (`count_packed`, `kernels.sample_buckets_packed`); a lone partition
+        keeps its one block dense."""
+        return self.sampler == "buckets" and P > 1
 
     @staticmethod
     def _unpack(s, packed):
@@ -348,11 +378,10 @@ class LDAProgram(Program):
             if round - 1 not in s["inbox"]:
                 raise RuntimeError(f"partition {s['p']}: no word block arrived for round "
                                    f"{round}")
-            b, packed = s["inbox"].pop(round - 1)
-            if not (isinstance(packed, dict) and self._samples_packed(s, round)):
-                packed = self._unpack(s, packed)
-            s["held"] = (b, packed)
+            s["held"] = s["inbox"].pop(round - 1)
         b, table = s["held"]
+        if isinstance(table, dict) and not self._keeps_packed(s["P"]):
+            table = self._unpack(s, table)
         want = (s["p"] + round) % s["P"]
         if b != want:
             raise RuntimeError(f"partition {s['p']} holds word block {b} in round {round}, "
@@ -377,7 +406,10 @@ class LDAProgram(Program):
         s["held"] = None
         match plan:
             case CountPlan():
-                kernels.count_block(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table)
+                if isinstance(table, dict):
+                    table = count_packed(table, t0, t1, s["tok_row"], s["z"])
+                else:
+                    kernels.count_block(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table)
                 partial = {"n_k": s["local_nk"].copy()} if round == 0 else {}
                 return Sends(partial, {dest: ((b, self._pack(s, table, dest)), None)})
             case SamplePlan():
@@ -481,7 +513,8 @@ class LDAProgram(Program):
             return r, b, LDAProgram._unpack(s, packed)
         if s["held"] is None:
             raise RuntimeError(f"partition {s['p']} holds no word block between rounds")
-        return -1, s["held"][0], s["held"][1]
+        b, table = s["held"]
+        return -1, b, unpack_block(table) if isinstance(table, dict) else table
 
     def partition_arrays(self, s):
         r, b, table = self._next_block(s)
@@ -568,7 +601,9 @@ class LDAProgram(Program):
             if 8 * tokens < dense // 2:
                 travel = 8 * tokens
         # the block being sampled (dense) and the one arriving: no partition runs more than
-        # a round ahead of another (each push waits for every other's round before)
+        # a round ahead of another (each push waits for every other's round before).  The
+        # buckets sampler on several partitions keeps its blocks packed while it counts and
+        # samples, but makes the block dense to checkpoint or collect it: the same peak
         waiting = 1 if P > 1 else 0
         # the dense sampler's documents x topics scratch
         scratch = 0
