@@ -177,6 +177,12 @@ def expand_tokens(indptr, indices, data, block, row, n_blocks):
     return tok_doc, tok_row, tok_word, block_ptr, doc_len
 
 
+def _travels_dense(nnz: int, shape, itemsize: int) -> bool:
+    """Whether a block of ``nnz`` nonzeros travels dense: its nonzeros (8 bytes each) would
+    take at least half its dense bytes."""
+    return nnz * 8 >= int(np.prod(shape)) * itemsize // 2
+
+
 def empty_block(shape) -> dict:
     """A word block of no counts in `pack_block`'s form."""
     dtype = np.int32 if int(np.prod(shape)) < 2**31 else np.int64
@@ -199,7 +205,7 @@ def count_packed(packed: dict, t0, t1, tok_row, z):
     out = {"shape": packed["shape"], "idx": keys[starts].astype(idx.dtype),
            # (reduceat would sum int32 counts into int64: twice the bytes, dense or not)
            "val": np.add.reduceat(counts, starts, dtype=val.dtype) if len(starts) else counts}
-    if len(starts) * 8 >= int(np.prod(packed["shape"])) * val.itemsize // 2:
+    if _travels_dense(len(starts), packed["shape"], val.itemsize):
         return unpack_block(out)
     return out
 
@@ -209,7 +215,7 @@ def pack_block(table: np.ndarray):
     the dense bytes -- at large K most word-topic counts are zero -- else the block itself."""
     flat = table.reshape(-1)
     nnz = int(np.count_nonzero(flat))
-    if nnz * 8 >= flat.nbytes // 2:
+    if _travels_dense(nnz, table.shape, table.itemsize):
         return table
     idx = np.empty(nnz, dtype=np.int32 if flat.size < 2**31 else np.int64)
     val = np.empty(nnz, dtype=table.dtype)
@@ -472,7 +478,7 @@ class LDAProgram(Program):
                                           val, self.n_topics, out_idx, out_val, s["row"],
                                           n_k, u, self.alpha, self.beta, vbeta, *scratch)
         out = {"shape": packed["shape"], "idx": out_idx[:n], "val": out_val[:n]}
-        if n * 8 >= int(np.prod(packed["shape"])) * val.itemsize // 2:
+        if _travels_dense(n, packed["shape"], val.itemsize):
             return unpack_block(out)
         return out
 
