@@ -29,4 +29,3 @@ def test_one_partition_on_dask_sends_its_block_to_itself(dask_client):
     remote = LatentDirichletAllocation(3, backend=dask_client, **kw).fit(X)
     np.testing.assert_array_equal(remote.topic_word_counts_, local.topic_word_counts_)
     assert np.all(remote.history_["bytes_ring"] == 0)   # nothing left the worker
-
