@@ -253,6 +253,11 @@ def calibrated(costs: dict, cpu: float, driver_cpu: float):
     return eng, Network(bandwidth=1.0 / per_byte, latency=0.0)
 
 
+def say_probe(model: str, P: int, pr) -> None:
+    print(f"probe {model} P={P}: {pr.probed_rounds} rounds in {pr.probe_s:.1f} s "
+          f"({pr.rounds_source}, {pr.where})", flush=True)
+
+
 def run_probes(problems, models, Ps, scales, args) -> dict:
     """The planner's probes of every model at every P: on a worker of a one-worker
     emulated cluster of the workers' ``cpu`` (``--probe-on worker``: the kernels timed as
@@ -268,8 +273,7 @@ def run_probes(problems, models, Ps, scales, args) -> dict:
                 got = probe(est, ds, workers=group, seconds=args.probe_seconds, on=client)
                 for P, pr in got.items():
                     probes[(m, P)] = pr
-                    print(f"probe {m} P={P}: {pr.probed_rounds} rounds in {pr.probe_s:.1f} s "
-                          f"({pr.rounds_source}, {pr.where})", flush=True)
+                    say_probe(m, P, pr)
         return probes
 
     if args.probe_on == "cluster":
@@ -348,9 +352,7 @@ def main(argv=None) -> int:
                             pr = probe(est, ds, workers=[P], seconds=args.probe_seconds,
                                        on=client, all_workers=True)[P]
                             probes[(m, P)] = pr
-                            print(f"probe {m} P={P}: {pr.probed_rounds} rounds in "
-                                  f"{pr.probe_s:.1f} s ({pr.rounds_source}, {pr.where})",
-                                  flush=True)
+                            say_probe(m, P, pr)
                     for m in mods:
                         est, ds = problems[(m, scales[P])]
                         r = fit_on(est, ds, client, P)

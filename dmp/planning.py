@@ -504,6 +504,8 @@ def probe(estimator, X, y=None, *, workers=(1, 2, 4, 8), seconds: float = 5.0,
     Ps = _check_workers(workers)
     _check_positive("seconds", seconds)
     if on is None:
+        if all_workers:
+            raise ValueError("all_workers needs on, the cluster whose workers probe")
         return _probe_each(estimator, X, y, Ps, float(seconds))
     from .engine.backends.base import _is_client
 

@@ -375,6 +375,8 @@ def test_probe_on_a_worker_measures_what_the_local_probe_does(lasso_problem, das
     assert "the slowest of 2 workers probing at once" in rows[1]["source"]
     with pytest.raises(ValueError, match="probe_all_workers needs probe_on"):
         dmp.plan(est, X, y, workers=[1], probe_all_workers=True)
+    with pytest.raises(ValueError, match="all_workers needs on"):
+        dmp.planning.probe(est, X, y, workers=[1], all_workers=True)
     with pytest.raises(ValueError, match="seconds must be a number > 0"):
         dmp.planning.probe(est, X, y, workers=[1], seconds=0)
 
