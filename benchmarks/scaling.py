@@ -190,17 +190,23 @@ class MemoryWatch:
 
 def engine_costs(client, P: int) -> dict:
     """The emulation's round cost with no work: tiny partials, 1 MiB partials, ring
-    messages (P >= 2)."""
+    messages of 8 bytes and of `RING_BIG` bytes (P >= 2)."""
     out = {"null_s": measure_engine(client, rounds=40)["round_s"],
            "big_s": measure_engine(client, rounds=20, partial_bytes=2**20)["round_s"]}
     if P > 1:
         out["ring_s"] = measure_engine(client, rounds=30, ring_bytes=8)["round_s"]
         out["hop_s"] = measure_engine(client, rounds=400, ring_bytes=8, batched=True)["round_s"]
+        out["hop_big_s"] = measure_engine(client, rounds=30, ring_bytes=RING_BIG,
+                                          batched=True)["round_s"]
     if P > 2:
         # every partition to every other one in each round of a batch (CCD++'s rounds)
         out["fan_s"] = measure_engine(client, rounds=200, ring_bytes=8, batched=True,
                                       fanout=True)["round_s"]
     return out
+
+
+#: the ring message of the hops that time a ring byte (`engine_costs`)
+RING_BIG = 4 * 2**20
 
 
 def busy_share(client, seconds: float = 1.0) -> float:
@@ -224,7 +230,14 @@ def fit_on(est, ds, client, P: int) -> dict:
     rounds = len(h["round"])
     nbytes = (np.sum(h["bytes_schedule"]) + np.sum(h["bytes_push"]) + np.sum(h["bytes_pull"])
               + np.sum(h["bytes_ring"]))
-    return {"loop_s": float(h["time"][-1]), "fit_s": wall, "rounds": rounds,
+    # the workers' push time (wall, on the confined workers): what the planner's compute
+    # term predicts (`pred_split`), the slowest partition's of each round summed
+    push = np.asarray(h["push_s"], dtype=float) if "push_s" in h else None
+    pushes = ({"push_max_s": float(push.max(axis=1).sum()),
+               "push_mean_s": float(push.mean(axis=1).sum())}
+              if push is not None and push.ndim == 2 and push.size else
+              {"push_max_s": None, "push_mean_s": None})
+    return {"loop_s": float(h["time"][-1]), "fit_s": wall, "rounds": rounds, **pushes,
             "bytes_per_worker_round": float(nbytes / rounds / P),
             "peak_memory_per_worker": int(max(mem.peak.values())) if mem.peak else None}
 
@@ -233,8 +246,9 @@ def calibrated(costs: dict, cpu: float, driver_cpu: float):
     """`EngineCosts` and `Network` of the emulation from the null rounds at every P: the
     fixed cost as a + b P (b: the driver's, per call; a: the workers'), the byte cost from
     the 1 MiB partials (P MiB through the driver a round), the message cost from the ring
-    rounds and each further message of a round from the all-to-all ones; in seconds of one
-    core where the planner divides by the cores."""
+    rounds, each further message of a round from the all-to-all ones and a ring byte from
+    the hops of `RING_BIG` bytes; in seconds of one core where the planner divides by the
+    cores."""
     Ps = np.array(sorted(costs), dtype=float)
     null = np.array([costs[int(P)]["null_s"] for P in Ps])
     b, a = np.polyfit(Ps, null, 1) if len(Ps) > 1 else (0.0, null[0])
@@ -248,8 +262,12 @@ def calibrated(costs: dict, cpu: float, driver_cpu: float):
     fans = [max(costs[int(P)]["fan_s"] - costs[int(P)]["hop_s"], 0.0) / (P - 2)
             for P in Ps if P > 2 and "fan_s" in costs[int(P)]]
     fan = float(np.median(fans)) if fans else message
+    # a ring byte: what a hop of RING_BIG bytes adds to one of 8
+    bigs = [max(costs[int(P)]["hop_big_s"] - costs[int(P)]["hop_s"], 0.0) / RING_BIG
+            for P in Ps if "hop_big_s" in costs[int(P)]]
+    ring_byte = float(np.median(bigs)) if bigs else 0.0
     eng = EngineCosts(call_s=b * driver_cpu, worker_call_s=a * cpu, message_s=message * cpu,
-                      round_s=0.0, fanout_message_s=fan * cpu)
+                      round_s=0.0, fanout_message_s=fan * cpu, ring_byte_s=ring_byte * cpu)
     return eng, Network(bandwidth=1.0 / per_byte, latency=0.0)
 
 
@@ -357,8 +375,11 @@ def main(argv=None) -> int:
                         est, ds = problems[(m, scales[P])]
                         r = fit_on(est, ds, client, P)
                         measured.setdefault((m, P), []).append(r)
-                        print(f"  {m:9s} P={P}: loop {r['loop_s']:.2f} s, fit "
-                              f"{r['fit_s']:.2f} s, {r['rounds']} rounds", flush=True)
+                        pushes = ("" if r["push_max_s"] is None else
+                              f", pushes {r['push_max_s']:.2f} s (slowest) / "
+                              f"{r['push_mean_s']:.2f} s (mean)")
+                    print(f"  {m:9s} P={P}: loop {r['loop_s']:.2f} s, fit "
+                          f"{r['fit_s']:.2f} s, {r['rounds']} rounds{pushes}", flush=True)
         med_costs = {P: {k: float(np.median([c[k] for c in costs[P]])) for k in costs[P][0]}
                      for P in costs}
         # the planner is given the cores the workers got (a spinning worker's CPU share,
@@ -370,11 +391,13 @@ def main(argv=None) -> int:
         # line of `calibrated` is for other P)
         at_P = {P: EngineCosts(call_s=0.0, round_s=0.0, worker_call_s=med_costs[P]["null_s"] * got,
                                message_s=eng.message_s,
-                               fanout_message_s=eng.fanout_message_s) for P in med_costs}
+                               fanout_message_s=eng.fanout_message_s,
+                               ring_byte_s=eng.ring_byte_s) for P in med_costs}
         at_P_nom = {P: EngineCosts(call_s=0.0, round_s=0.0,
                                    worker_call_s=med_costs[P]["null_s"] * cpu,
                                    message_s=eng_nom.message_s,
-                                   fanout_message_s=eng_nom.fanout_message_s)
+                                   fanout_message_s=eng_nom.fanout_message_s,
+                                   ring_byte_s=eng_nom.ring_byte_s)
                     for P in med_costs}
         rows = []
         for m in models:

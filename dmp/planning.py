@@ -20,16 +20,19 @@ checks it before a fit.
 A round on P workers is predicted as::
 
     compute  = slowest partition's push / min(cores_per_worker, 1)
-               (the first round's as the probe measured it, the others' as their mean)
+               (the program's lead rounds, `Program.lead_rounds`, as the probe measured
+               them, every later round at the mean of the probe's later rounds)
     driver   = driver's share / min(driver_cores, 1)
     comm     = (driver bytes / bandwidth + 2 latency) / rounds per call
                + ring bytes per worker / bandwidth + ring messages x latency
     overhead = (P call_s / min(driver_cores, 1) + worker_call_s / min(cores_per_worker, 1))
                / rounds per call
-               + (message_s + (ring messages - 1) x fanout_message_s) / min(cores_per_worker, 1)
+               + (message_s + (ring messages - 1) x fanout_message_s
+                  + ring bytes per worker x ring_byte_s) / min(cores_per_worker, 1)
 
-(the last term for rounds with ring messages: the first message of a round costs a hop, and
-the others of the same round, sent and received concurrently, what each adds to it).
+(the last term for rounds with ring messages: the first message of a round costs a hop, the
+others of the same round, sent and received concurrently, what each adds to it, and every
+byte the worker's time to send it and receive as many).
 
 and the round loop as rounds x (compute + driver + comm + overhead).  The kernels run on one
 thread, so more than one core per worker does not make them faster.  ``call_s``,
@@ -134,6 +137,11 @@ class EngineCosts:
         as CCD++'s, whose P - 1 messages a partition sends and receives concurrently).
     round_s : float
         Driver time per call independent of P (the runner's bookkeeping of a call).
+    ring_byte_s : float
+        Worker time per byte of the ring messages a partition sends in a round (serialising
+        and handing them over, and receiving as many from the others): on the emulated
+        0.2-core workers a 4 MiB hop costs 3.6 ms of wall time more than an 8-byte one,
+        about 1.5 GB/s of one core.  The network's own bandwidth is charged on top (`comm`).
 
     The defaults were measured with `NullProgram` on emulated clusters of 1-8 workers of
     0.18 core each (`dmp.testing.EmulatedCluster`) and turned into seconds of one core
@@ -147,6 +155,7 @@ class EngineCosts:
     message_s: float = 1.3e-3
     round_s: float = 0.0
     fanout_message_s: float = 1.3e-3
+    ring_byte_s: float = 0.7e-9
 
 
 # --------------------------------------------------------------------------- probes
@@ -180,26 +189,30 @@ class Probe:
     probe_s: float = 0.0
     #: where it ran: "in process", or the address of the Dask worker that ran it
     where: str = "in process"
-    #: seconds of the slowest partition's push in the fit's first round, which often does
-    #: other work than the rest (LDA's first round only starts the sweeps; None: as the
-    #: others)
-    first_compute_s: float | None = None
+    #: the fit's first rounds that do other work than the rest (`Program.lead_rounds`, as
+    #: many as the probe saw before a later round): how many, and the seconds of their
+    #: slowest partitions' pushes together (``compute_s`` is the mean of the rounds after)
+    lead_rounds: int = 0
+    lead_compute_s: float = 0.0
 
 
 def _probe_from_history(rec: "_Recorder", P: int, *, max_rounds: int,
                         batch_lengths: list[int], partition_bytes, probe_s: float) -> Probe:
-    """A `Probe` from what the recorder saw of a run, round by round (the first round,
-    which compiles and warms caches, left out when there are others)."""
+    """A `Probe` from what the recorder saw of a run, round by round: the program's lead
+    rounds (`Program.lead_rounds`; at least the first, which compiles and warms caches)
+    apart from the later ones, as long as there are later ones."""
     history = rec.records
     if not history:
         raise RuntimeError(f"the probe at {P} partition(s) ran no round")
-    first = 1 if len(history) > 1 else 0
-    compute, dbytes, rbytes = [], [], []
-    for j in range(first, len(history)):
+    n = len(history)
+    first = min(max(rec.lead, 1), n - 1)
+    # a cluster's workers apply and receive in parallel
+    compute = [max(rec.round_pushes.get(j) or [0.0]) + rec.round_applies.get(j, 0.0) / P
+               for j in range(n)]
+    lead_compute, compute = compute[:first], compute[first:]
+    dbytes, rbytes = [], []
+    for j in range(first, n):
         r = history[j]
-        pushes = rec.round_pushes.get(j) or [0.0]
-        # a cluster's workers apply and receive in parallel
-        compute.append(max(pushes) + rec.round_applies.get(j, 0.0) / P)
         dbytes.append(r["bytes_schedule"] + r["bytes_push"] + r["bytes_pull"])
         rbytes.append(r.get("bytes_ring", 0) / P)
     # the driver: this thread's CPU between the first and the last recorded round less the
@@ -215,9 +228,6 @@ def _probe_from_history(rec: "_Recorder", P: int, *, max_rounds: int,
     # process, and counted there; a message to itself is no message)
     messages = float(np.mean(rec.received[first:])) / P if rec.received else 0.0
     completed = not rec.stopped
-    # the first round after the warm-up probe: compiled, with caches less warm than later
-    first_compute = (max(rec.round_pushes.get(0) or [0.0]) + rec.round_applies.get(0, 0.0) / P
-                     if first else None)
     return Probe(
         n_partitions=P, rounds=len(history) if completed else max_rounds,
         rounds_source="probe" if completed else "max_iter", max_rounds=max_rounds,
@@ -225,12 +235,13 @@ def _probe_from_history(rec: "_Recorder", P: int, *, max_rounds: int,
         driver_bytes=float(np.mean(dbytes)), ring_bytes=float(np.mean(rbytes)),
         ring_messages=messages,
         batch_rounds=float(np.mean(batch_lengths)) if batch_lengths else 1.0,
-        partition_bytes=partition_bytes, probed_rounds=len(history), probe_s=probe_s,
-        first_compute_s=first_compute)
+        partition_bytes=partition_bytes, probed_rounds=n, probe_s=probe_s,
+        lead_rounds=first, lead_compute_s=float(sum(lead_compute)))
 
 
 class _Recorder:
-    """The probe's callback: stops the fit after ``seconds`` (never before 3 rounds) and
+    """The probe's callback: stops the fit after ``seconds`` (never before 3 rounds, nor
+    before two rounds after the program's lead rounds, `Program.lead_rounds`) and
     records, after each round, the round's record, the CPU seconds of this thread and of
     the pushes, applies and ring receives since the last record, and how many rounds a call
     could batch from the next one on; and, by round, each push's CPU seconds and the
@@ -247,6 +258,8 @@ class _Recorder:
     def __init__(self, seconds: float, min_rounds: int = 3):
         self.seconds, self.min_rounds = seconds, min_rounds
         self.program = None
+        #: the program's lead rounds at the probed P (`watch`)
+        self.lead = 1
         self.t0 = None
         self.batch = []
         self.stopped = False
@@ -268,10 +281,12 @@ class _Recorder:
         self._applied += seconds
         self.round_applies[round] = self.round_applies.get(round, 0.0) + seconds
 
-    def watch(self, program) -> None:
-        """Time ``program``'s pushes, applies and receives, and count the ring messages
-        (this probe's program object only)."""
+    def watch(self, program, n_partitions: int) -> None:
+        """Time ``program``'s pushes, applies and receives on ``n_partitions``, and count
+        the ring messages (this probe's program object only)."""
         self.program = program
+        self.lead = max(int(program.lead_rounds(n_partitions)), 1)
+        self.min_rounds = max(self.min_rounds, self.lead + 2)
         push, apply = program.push, program.apply
 
         def timed_push(state, plan):
@@ -353,7 +368,7 @@ def probe_program(program: Program, n_partitions: int, *, max_iter: int,
     ``seconds`` (or to its stopping rule, whichever comes first), with ``staleness``
     rounds in flight as `dmp.engine.run` keeps them."""
     rec = _Recorder(seconds)
-    rec.watch(program)
+    rec.watch(program, n_partitions)
     t0 = time.perf_counter()
     with _one_blas_thread():
         run(program, LocalBackend(n_partitions), max_iter=max_iter, callback=rec,
@@ -390,7 +405,7 @@ def _spied(estimator, P, recorder=None, dry=False):
         opts = hook(fit)
         seen.max_iter, seen.program = int(opts["max_iter"]), fit.program
         if recorder is not None:
-            recorder.watch(fit.program)
+            recorder.watch(fit.program, P)
         if dry:
             raise _Dry
         return opts
@@ -400,13 +415,15 @@ def _spied(estimator, P, recorder=None, dry=False):
 
 
 def _setup_at(estimator, X, y, P):
-    """``(round budget, largest partition's bytes)`` of ``estimator``'s fit at ``P``, from
-    its set-up alone (None when the data cannot be split over P partitions)."""
+    """``(round budget, largest partition's bytes, lead rounds)`` of ``estimator``'s fit
+    at ``P``, from its set-up alone (None when the data cannot be split over P
+    partitions)."""
     est, seen = _spied(estimator, P, dry=True)
     try:
         est.fit(X, y) if y is not None else est.fit(X)
     except _Dry:
-        return seen.max_iter, _max_partition_bytes(seen.program, P)
+        return (seen.max_iter, _max_partition_bytes(seen.program, P),
+                max(int(seen.program.lead_rounds(P)), 1))
     except ValueError:
         return None
     return None  # pragma: no cover - the spy always stops the fit
@@ -570,7 +587,8 @@ def predict(probe: Probe, P: int, *, network: Network, engine: EngineCosts = Eng
     ring_comm = probe.ring_bytes / network.bandwidth + probe.ring_messages * network.latency
     m = probe.ring_messages
     ring_over = (min(m, 1.0) * engine.message_s
-                 + max(m - 1.0, 0.0) * engine.fanout_message_s) / sw
+                 + max(m - 1.0, 0.0) * engine.fanout_message_s
+                 + probe.ring_bytes * engine.ring_byte_s) / sw
     per_round_work = compute + ring_comm + ring_over
     # the runner sizes a batch to about batch_target_s of work, within the program's bound
     per_call = max(1.0, min(probe.batch_rounds, batch_max_rounds,
@@ -579,9 +597,13 @@ def predict(probe: Probe, P: int, *, network: Network, engine: EngineCosts = Eng
     overhead = ((P * engine.call_s + engine.round_s) / sd + engine.worker_call_s / sw) / per_call \
         + ring_over
     R = probe.rounds
-    # the first round at its own cost, the others at the mean of the rest
-    first = compute if probe.first_compute_s is None else probe.first_compute_s / sw
-    total_compute = first + (R - 1) * compute if R >= 1 else 0.0
+    # the lead rounds at their own cost (a share of it when the fit is shorter), the
+    # others at the mean of the later rounds
+    lead = probe.lead_rounds
+    if lead and R < lead:
+        total_compute = probe.lead_compute_s / sw * R / lead
+    else:
+        total_compute = probe.lead_compute_s / sw + (R - lead) * compute
     loop_s = total_compute + R * (driver + comm + overhead)
     return {"workers": P, "loop_s": loop_s, "rounds": R, "round_s": loop_s / max(R, 1),
             "compute_s": total_compute, "driver_s": R * driver, "comm_s": R * comm,
@@ -601,7 +623,7 @@ def _fit_line(xs, ys):
 
 
 def _extrapolate(probes: list[Probe], P: int, max_rounds: int | None,
-                 partition_bytes: int | None) -> Probe:
+                 partition_bytes: int | None, lead_rounds: int | None = None) -> Probe:
     """A `Probe` at ``P`` beyond the probed ones: per-iteration work, driver time and
     bytes carried over from the probes (the round budget's ratio turns them into per-round
     figures), the ring bytes per worker as a power of P between the two largest probes."""
@@ -627,6 +649,9 @@ def _extrapolate(probes: list[Probe], P: int, max_rounds: int | None,
         e = min(max(e, -1.0), 1.0)
         ring_bytes = last.ring_bytes * last.max_rounds * (P / last.n_partitions) ** e / max_rounds
     rounds = max(1, int(round(last.rounds * max_rounds / last.max_rounds)))
+    # the lead rounds' work is the partitions' share too, however many rounds it takes
+    lead = last.lead_rounds if lead_rounds is None else lead_rounds
+    lead_compute = last.lead_compute_s * last.n_partitions / P
     if partition_bytes is None and last.partition_bytes is not None:
         partition_bytes = int(last.partition_bytes * last.n_partitions / P)
     return Probe(n_partitions=P, rounds=rounds,
@@ -635,7 +660,8 @@ def _extrapolate(probes: list[Probe], P: int, max_rounds: int | None,
                  driver_bytes=driver_bytes, ring_bytes=ring_bytes, ring_messages=messages,
                  batch_rounds=last.batch_rounds * max_rounds / last.max_rounds
                  if last.batch_rounds > 1 else 1.0,
-                 partition_bytes=partition_bytes)
+                 partition_bytes=partition_bytes, lead_rounds=lead,
+                 lead_compute_s=lead_compute)
 
 
 def _memory_row(partition_bytes, memory_limit) -> dict:
@@ -807,8 +833,8 @@ def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10G
             source = f"probe at P={P}" + ("" if probe_on is None else f" on {pr.where}")
         else:
             setup = _setup_at(estimator, X, y, P)
-            max_rounds, pbytes = setup if setup is not None else (None, None)
-            pr = _extrapolate(list(probes.values()), P, max_rounds, pbytes)
+            max_rounds, pbytes, lead = setup if setup is not None else (None, None, None)
+            pr = _extrapolate(list(probes.values()), P, max_rounds, pbytes, lead)
             source = pr.rounds_source
         row = predict(pr, P, network=net, engine=engine, cores_per_worker=cores_per_worker,
                       driver_cores=driver_cores)
@@ -933,15 +959,19 @@ class NullProgram(Program):
     spins ``push_s`` seconds of its thread's CPU and returns a `NullPartial` of
     ``partial_bytes`` bytes (8 more counted for its type); each pull spins ``pull_s``; with
     ``ring_bytes`` each push also sends that many bytes to the next partition (``fanout``:
-    to every other partition).  `measure_engine` runs it with no work to time the engine
-    itself."""
+    to every other partition).  The first ``lead_rounds`` rounds (`Program.lead_rounds`)
+    spin ``lead_push_s`` instead when it is given.  `measure_engine` runs it with no work
+    to time the engine itself."""
 
     name = "null"
     gather_partitions = False
 
     def __init__(self, push_s=0.0, pull_s=0.0, partial_bytes=8, ring_bytes=0,
-                 partition_bytes=1000, batched=False, fanout=False):
+                 partition_bytes=1000, batched=False, fanout=False, lead_rounds=1,
+                 lead_push_s=None):
         super().__init__()
+        self.n_lead = int(lead_rounds)
+        self.lead_push_s = None if lead_push_s is None else float(lead_push_s)
         self.batched, self.fanout = bool(batched), bool(fanout)
         self.push_s, self.pull_s = float(push_s), float(pull_s)
         self.partial_bytes, self.ring_bytes = int(partial_bytes), int(ring_bytes)
@@ -954,6 +984,9 @@ class NullProgram(Program):
     def partition_nbytes(self, spec):
         return self.partition_bytes
 
+    def lead_rounds(self, n_partitions):
+        return self.n_lead
+
     def start(self, n_partitions):
         self.driver = {"P": n_partitions}
 
@@ -964,7 +997,8 @@ class NullProgram(Program):
         return {"k": spec["k"], "P": spec["P"], "inbox": {}}
 
     def push(self, state, plan):
-        _spin(self.push_s)
+        lead = self.lead_push_s is not None and plan.round < self.n_lead
+        _spin(self.lead_push_s if lead else self.push_s)
         partial = NullPartial(np.zeros(max(self.partial_bytes // 8, 0)))
         k, P = state["k"], state["P"]
         if self.uses_ring and P > 1:

@@ -49,26 +49,33 @@ def test_predict_arithmetic():
                   compute_s=0.02, driver_s=0.004, driver_bytes=4e6, ring_bytes=1e6,
                   ring_messages=1.0, batch_rounds=1.0)
     net = Network(bandwidth=1e9, latency=1e-4)
-    eng = EngineCosts(call_s=1e-3, worker_call_s=2e-3, message_s=5e-4, round_s=3e-3)
+    eng = EngineCosts(call_s=1e-3, worker_call_s=2e-3, message_s=5e-4, round_s=3e-3,
+                      ring_byte_s=1e-9)
     row = predict(probe, 4, network=net, engine=eng, cores_per_worker=0.5, driver_cores=2.0)
     compute = 0.02 / 0.5                                   # half a core: twice as long
     driver = 0.004 / 1.0                                   # more than a core: no faster
     comm = 4e6 / 1e9 + 2e-4 + 1e6 / 1e9 + 1e-4             # driver link, ring hop
-    overhead = (4 * 1e-3 + 3e-3) / 1.0 + 2e-3 / 0.5 + 5e-4 / 0.5
-    round_s = compute + driver + comm + overhead           # 0.04 + 0.004 + 0.0053 + 0.012
-    assert row["round_s"] == pytest.approx(0.0613, rel=1e-12)
+    # calls; the hop and its 1e6 bytes on the worker's half core
+    overhead = (4 * 1e-3 + 3e-3) / 1.0 + 2e-3 / 0.5 + (5e-4 + 1e6 * 1e-9) / 0.5
+    round_s = compute + driver + comm + overhead           # 0.04 + 0.004 + 0.0053 + 0.014
+    assert row["round_s"] == pytest.approx(0.0633, rel=1e-12)
     assert row["round_s"] == pytest.approx(round_s, rel=1e-12)
-    assert row["loop_s"] == pytest.approx(50 * 0.0613, rel=1e-12)
+    assert row["loop_s"] == pytest.approx(50 * 0.0633, rel=1e-12)
     assert row["compute_s"] == pytest.approx(50 * 0.04, rel=1e-12)
     assert row["comm_s"] == pytest.approx(50 * 0.0053, rel=1e-12)
-    assert row["overhead_s"] == pytest.approx(50 * 0.012, rel=1e-12)
+    assert row["overhead_s"] == pytest.approx(50 * 0.014, rel=1e-12)
     assert row["bytes_per_worker_round"] == pytest.approx(1e6 + 1e6)
     assert row["network_bytes"] == pytest.approx(50 * (4e6 + 4 * 1e6))
-    # a first round of its own cost (LDA's first round only starts the sweeps)
-    first = predict(Probe(**{**probe.__dict__, "first_compute_s": 0.001}), 4, network=net,
-                    engine=eng, cores_per_worker=0.5, driver_cores=2.0)
-    assert first["compute_s"] == pytest.approx(0.001 / 0.5 + 49 * 0.04, rel=1e-12)
-    assert first["loop_s"] == pytest.approx(50 * 0.0613 - 0.04 + 0.002, rel=1e-12)
+    # lead rounds of their own cost (LDA's counting rotation): 4 rounds of 0.001 s together
+    lead = predict(Probe(**{**probe.__dict__, "lead_rounds": 4, "lead_compute_s": 0.001}), 4,
+                   network=net, engine=eng, cores_per_worker=0.5, driver_cores=2.0)
+    assert lead["compute_s"] == pytest.approx(0.001 / 0.5 + 46 * 0.04, rel=1e-12)
+    assert lead["loop_s"] == pytest.approx(50 * 0.0633 - 4 * 0.04 + 0.002, rel=1e-12)
+    # a fit shorter than its lead: that share of the lead's cost
+    short = predict(Probe(**{**probe.__dict__, "rounds": 2, "lead_rounds": 4,
+                             "lead_compute_s": 0.001}), 4, network=net, engine=eng,
+                    cores_per_worker=0.5, driver_cores=2.0)
+    assert short["compute_s"] == pytest.approx(0.001 / 0.5 / 2, rel=1e-12)
 
 
 def test_predict_batches_spread_the_call_cost():
@@ -99,9 +106,26 @@ def test_probe_of_a_program_of_known_costs():
     assert 0.0035 <= probe.compute_s < 0.5   # seconds of one core: what it spun
     assert probe.batch_rounds == 1.0
     row = predict(probe, 3, network=Network(1e9, 0.0), engine=EngineCosts(0, 0, 0, 0))
-    assert probe.first_compute_s >= 0.0035
-    assert row["compute_s"] == pytest.approx(probe.first_compute_s + 11 * probe.compute_s)
+    assert probe.lead_rounds == 1 and probe.lead_compute_s >= 0.0035
+    assert row["compute_s"] == pytest.approx(probe.lead_compute_s + 11 * probe.compute_s)
     assert row["bytes_per_worker_round"] == pytest.approx(16 + 8 + 800 + 1600)
+
+
+def test_probe_prices_lead_rounds_apart():
+    """A program whose first 4 rounds (`Program.lead_rounds`) cost 10x less than the rest
+    (as LDA's counting rotation): the probe runs past them even when its time is up, and
+    the prediction is the lead as measured plus the later rounds at their own mean, not
+    every round at a mean that mixes both."""
+    prog = NullProgram(push_s=0.01, lead_rounds=4, lead_push_s=0.001)
+    probe = probe_program(prog, 2, max_iter=20, seconds=0.001)
+    assert probe.rounds_source == "max_iter" and probe.probed_rounds == 6
+    assert probe.lead_rounds == 4
+    # seconds of one core: at least what was spun; the later rounds' mean from them alone
+    assert 0.004 <= probe.lead_compute_s < 0.03
+    assert 0.01 <= probe.compute_s < 0.02
+    row = predict(probe, 2, network=Network(1e9, 0.0), engine=EngineCosts(0, 0, 0, 0))
+    assert row["compute_s"] == pytest.approx(probe.lead_compute_s + 16 * probe.compute_s)
+    assert 0.164 <= row["compute_s"] < 0.35      # not 20 x the six rounds' mean (~0.007)
 
 
 def test_predict_fanout_messages():
@@ -326,6 +350,27 @@ def test_plan_memory_is_the_backends_check(tmp_path, monkeypatch):
             check_partition_memory(program, specs, names, dict.fromkeys(names, short))
         assert not plan_memory(est, ds, workers=[8], memory_per_worker=short,
                                as_frame=False)[0]["fits"]
+
+
+def test_lda_probe_prices_the_counting_rotation_apart():
+    """LDA's first P rounds count the topics of each word block (`LDAProgram.lead_rounds`):
+    a probe at P = 3 prices them as measured and the sampling sub-rounds at their own mean,
+    which the counting rounds' cost does not dilute."""
+    from dmp.decomposition import LatentDirichletAllocation
+    from dmp.io.synthetic import make_lda_corpus
+    from dmp.planning import probe_estimator
+
+    X = make_lda_corpus(300, 400, 10, 60, seed=1)[0]
+    est = LatentDirichletAllocation(20, max_iter=4, random_state=0)
+    probe_estimator(est, X, n_partitions=3, seconds=0.001)        # compile, warm up
+    pr = probe_estimator(est, X, n_partitions=3, seconds=0.001)
+    # 3 counting rounds, then at least 2 sampling ones (a batch may run on past the stop)
+    assert pr.lead_rounds == 3 and pr.probed_rounds >= 5
+    assert pr.rounds == 3 + 3 * 4                                  # the fit: 4 sweeps of 3
+    # a sampling sub-round costs more than a counting one (measured in CPU seconds)
+    assert pr.compute_s > 2 * pr.lead_compute_s / 3
+    row = predict(pr, 3, network=Network(1e9, 0.0), engine=EngineCosts(0, 0, 0, 0))
+    assert row["compute_s"] == pytest.approx(pr.lead_compute_s + 12 * pr.compute_s)
 
 
 @pytest.mark.parametrize("staleness", [1, 2])

@@ -366,6 +366,10 @@ class LDAProgram(Program):
             blk = (b, self._unpack(s, packed))
         s["inbox"][round] = blk
 
+    def lead_rounds(self, n_partitions):
+        # the counting rotation: P rounds of counting, far cheaper than a sampling sub-round
+        return max(int(n_partitions), 1)
+
     def _keeps_packed(self, P) -> bool:
         """Whether the partitions of a fit on ``P`` count and sample a word block in the
         form it travelled in, never making it dense: the buckets sampler's on several

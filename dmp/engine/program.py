@@ -221,6 +221,15 @@ class Program:
         partials (Dask settings); the results do not depend on it."""
         return 1
 
+    def lead_rounds(self, n_partitions: int) -> int:
+        """How many rounds at the start of a fit on ``n_partitions`` partitions do other work
+        than the rounds after them (default 1: the first round, which often only starts the
+        fit).  The planner (`dmp.plan`) prices these rounds as its probe measured them and
+        every later one at the mean of the probe's later rounds, so a start far cheaper or
+        dearer than the rest (LDA's counting rotation, P rounds) is not taken for the
+        typical round."""
+        return 1
+
     def partition_arrays(self, state) -> dict:
         """The partition's model variables (checkpointed and gathered at the end)."""
         return {}
