@@ -58,6 +58,7 @@ P, measured and predicted, with the ideal line) and prints a markdown table.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -376,10 +377,16 @@ def main(argv=None) -> int:
                         r = fit_on(est, ds, client, P)
                         measured.setdefault((m, P), []).append(r)
                         pushes = ("" if r["push_max_s"] is None else
-                              f", pushes {r['push_max_s']:.2f} s (slowest) / "
-                              f"{r['push_mean_s']:.2f} s (mean)")
-                    print(f"  {m:9s} P={P}: loop {r['loop_s']:.2f} s, fit "
-                          f"{r['fit_s']:.2f} s, {r['rounds']} rounds{pushes}", flush=True)
+                                  f", pushes {r['push_max_s']:.2f} s (slowest) / "
+                                  f"{r['push_mean_s']:.2f} s (mean)")
+                        print(f"  {m:9s} P={P}: loop {r['loop_s']:.2f} s, fit "
+                              f"{r['fit_s']:.2f} s, {r['rounds']} rounds{pushes}", flush=True)
+                    # the engine's costs again after the fits: one sample at the start of a
+                    # cluster moved by 2x between runs (a P = 8 null round 21-58 ms)
+                    c = engine_costs(client, P)
+                    costs[P].append(c)
+                    print(f"P={P} rep {rep}: null round after the fits "
+                          f"{c['null_s'] * 1e3:.1f} ms", flush=True)
         med_costs = {P: {k: float(np.median([c[k] for c in costs[P]])) for k in costs[P][0]}
                      for P in costs}
         # the planner is given the cores the workers got (a spinning worker's CPU share,
@@ -433,7 +440,9 @@ def main(argv=None) -> int:
                     "pred_line_error": line["loop_s"] / med["loop_s"] - 1.0,
                     "pred_nominal_loop_s": nominal["loop_s"],
                     "pred_nominal_error": nominal["loop_s"] / med["loop_s"] - 1.0,
-                    "pred_bytes_per_worker_round": pred["bytes_per_worker_round"]})
+                    "pred_bytes_per_worker_round": pred["bytes_per_worker_round"],
+                    # what the planner was given, to re-plan from the file
+                    "probe": dataclasses.asdict(probes[(m, P)])})
         result = {
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "machine": f"{platform.node()}: {os.cpu_count()} cores, {platform.processor()}",
@@ -443,6 +452,8 @@ def main(argv=None) -> int:
             "weak": args.weak,
             "cpu_share": {str(P): v for P, v in shares.items()},
             "engine": {"null_rounds": {str(P): v for P, v in med_costs.items()},
+                       "null_round_samples": {str(P): [c["null_s"] for c in v]
+                                              for P, v in costs.items()},
                        "calibrated": eng.__dict__, "network_bytes_per_s": net.bandwidth},
             "rows": rows, "total_s": time.perf_counter() - t_start}
         out = Path(args.out)
