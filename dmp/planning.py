@@ -40,10 +40,10 @@ thread, so more than one core per worker does not make them faster.  ``call_s``,
 message (`EngineCosts`; `measure_engine` measures them on a cluster).  Beyond the largest
 probed P the per-iteration quantities are extrapolated from the probes (and the row says
 so).  Not modelled: rounds whose cost drifts over the fit after the lead rounds (LDA's
-sweeps get cheaper as the topics concentrate, the third about 0.7x the first, and a probe on
-P >= 2 partitions sees only the first: it prices LDA 20-30% high), rounds overlapping with
-``staleness`` (on the Dask backend they were measured not to), the scheduler, and a network
-shared by more than the driver's link.
+lead rounds include its first sweep, the dearest, but the later sweeps keep getting cheaper
+as the topics concentrate: at K = 100-1000 the fifth costs about 0.75x the second), rounds
+overlapping with ``staleness`` (on the Dask backend they were measured not to), the
+scheduler, and a network shared by more than the driver's link.
 """
 
 from __future__ import annotations

@@ -367,8 +367,11 @@ class LDAProgram(Program):
         s["inbox"][round] = blk
 
     def lead_rounds(self, n_partitions):
-        # the counting rotation: P rounds of counting, far cheaper than a sampling sub-round
-        return max(int(n_partitions), 1)
+        # the counting rotation (P rounds of counting, far cheaper than a sampling
+        # sub-round) and the first sweep (P sub-rounds from random topics, where a document
+        # holds min(K, its length) topics: 1.2-1.4x the second sweep's cost at K = 100-1000;
+        # BENCHMARKS.md, "Lead rounds and ring bytes")
+        return 2 * max(int(n_partitions), 1)
 
     def _keeps_packed(self, P) -> bool:
         """Whether the partitions of a fit on ``P`` count and sample a word block in the
