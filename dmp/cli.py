@@ -571,7 +571,9 @@ def _add_plan_parser(sub) -> None:
     pl.add_argument("--probe-max", type=_int_at_least(1), default=8,
                     help="probe every P up to this one, predict larger ones (default 8)")
     pl.add_argument("--probe-seconds", type=_positive_float("--probe-seconds"), default=5.0,
-                    help="about how long each probe runs (default 5)")
+                    help="about how long each probe runs (default 5; at least two rounds "
+                         "past the model's first rounds of other work: for LDA, one sweep "
+                         "and more)")
     pl.add_argument("--probe-on", metavar="ADDRESS",
                     help="run the probes on a worker of the Dask scheduler at ADDRESS, to "
                          "time the kernels on the workers' own machines (default: here)")

@@ -502,7 +502,9 @@ def probe(estimator, X, y=None, *, workers=(1, 2, 4, 8), seconds: float = 5.0,
     workers : list of int
         The numbers of partitions to probe (a P the data cannot be split over ends the list).
     seconds : float
-        About how long each probe runs (wall seconds; at least 3 rounds).
+        About how long each probe runs (wall seconds; at least 3 rounds, and two rounds
+        past the model's lead rounds, `Program.lead_rounds`: LDA's counting rotation and
+        first sweep).
     on : distributed.Client, optional
         Run the probes on one of this cluster's workers instead of in this process: they
         then measure the kernels at the workers' own speed (their cores, caches, memory
@@ -788,7 +790,8 @@ def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10G
         ones from the probes.
     probe_seconds : float
         About how long each probe runs (a probe that reaches the stopping rule sooner gives
-        the exact rounds).
+        the exact rounds; every probe runs at least 3 rounds and two rounds past the model's
+        lead rounds, `Program.lead_rounds`: for LDA, one sweep of the whole corpus and more).
     probe_on : distributed.Client, optional
         Run the probes on one of this cluster's workers (`probe`): the kernels are then
         timed where they will run, which matters when the workers' machines differ from
