@@ -244,7 +244,8 @@ def _probe_from_history(rec: "_Recorder", P: int, *, max_rounds: int,
 
 class _Recorder:
     """The probe's callback: stops the fit after ``seconds`` (never before 3 rounds, nor
-    before two rounds after the program's lead rounds, `Program.lead_rounds`) and
+    before two rounds after the program's lead rounds, `Program.lead_rounds`, or in a
+    ``warm_up`` before `Program.warm_up_rounds`) and
     records, after each round, the round's record, the CPU seconds of this thread and of
     the pushes, applies and ring receives since the last record, and how many rounds a call
     could batch from the next one on; and, by round, each push's CPU seconds and the
@@ -258,8 +259,10 @@ class _Recorder:
     once a round), and an apply in the round whose push follows it.
     """
 
-    def __init__(self, seconds: float, min_rounds: int = 3):
+    def __init__(self, seconds: float, min_rounds: int = 3, warm_up: bool = False):
         self.seconds, self.min_rounds = seconds, min_rounds
+        #: a warm-up runs only until every kernel ran once (`Program.warm_up_rounds`)
+        self.warm_up = warm_up
         self.program = None
         #: the program's lead rounds at the probed P (`watch`)
         self.lead = 1
@@ -289,7 +292,9 @@ class _Recorder:
         the ring messages (this probe's program object only)."""
         self.program = program
         self.lead = max(int(program.lead_rounds(n_partitions)), 1)
-        self.min_rounds = max(self.min_rounds, self.lead + 2)
+        self.min_rounds = max(self.min_rounds,
+                              int(program.warm_up_rounds(n_partitions)) if self.warm_up
+                              else self.lead + 2)
         push, apply = program.push, program.apply
 
         def timed_push(state, plan):
@@ -432,10 +437,12 @@ def _setup_at(estimator, X, y, P):
     return None  # pragma: no cover - the spy always stops the fit
 
 
-def probe_estimator(estimator, X, y=None, *, n_partitions: int, seconds: float = 5.0) -> Probe:
+def probe_estimator(estimator, X, y=None, *, n_partitions: int, seconds: float = 5.0,
+                    warm_up: bool = False) -> Probe:
     """Probe ``estimator``'s own fit on ``X`` on the in-process backend at ``n_partitions``
-    for about ``seconds`` (or to its stopping rule)."""
-    rec = _Recorder(seconds)
+    for about ``seconds`` (or to its stopping rule); ``warm_up``: only until every kernel of
+    its rounds ran once (`Program.warm_up_rounds`), to compile them and warm the caches."""
+    rec = _Recorder(seconds, warm_up=warm_up)
     est, seen = _spied(estimator, n_partitions, recorder=rec)
     t0 = time.perf_counter()
     try:
@@ -462,7 +469,8 @@ def _probe_each(estimator, X, y, workers: list[int], seconds: float,
     # first round, where a kernel only one P uses would compile, out anyway)
     for P in workers[::-1]:
         try:
-            probe_estimator(estimator, X, y, n_partitions=P, seconds=min(1.0, seconds))
+            probe_estimator(estimator, X, y, n_partitions=P, seconds=min(1.0, seconds),
+                            warm_up=True)
             break
         except ValueError:
             if P == workers[0]:

@@ -363,7 +363,10 @@ def test_lda_probe_prices_the_counting_rotation_and_first_sweep_apart():
 
     X = make_lda_corpus(300, 400, 10, 60, seed=1)[0]
     est = LatentDirichletAllocation(20, max_iter=4, random_state=0)
-    probe_estimator(est, X, n_partitions=3, seconds=0.001)        # compile, warm up
+    warm = probe_estimator(est, X, n_partitions=3, seconds=0.001, warm_up=True)
+    # the warm-up runs a counting round and the first sampling sub-round
+    # (`LDAProgram.warm_up_rounds`; its batch of at most 4 may run on), not the first sweep
+    assert 4 <= warm.probed_rounds < 8
     pr = probe_estimator(est, X, n_partitions=3, seconds=0.001)
     # 3 counting rounds and 3 of the first sweep, then at least 2 of the second (a batch
     # may run on past the stop)

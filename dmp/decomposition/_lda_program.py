@@ -373,6 +373,10 @@ class LDAProgram(Program):
         # BENCHMARKS.md, "Lead rounds and ring bytes")
         return 2 * max(int(n_partitions), 1)
 
+    def warm_up_rounds(self, n_partitions):
+        # a counting round, then the first sampling sub-round
+        return max(int(n_partitions), 1) + 1
+
     def _keeps_packed(self, P) -> bool:
         """Whether the partitions of a fit on ``P`` count and sample a word block in the
         form it travelled in, never making it dense: the buckets sampler's on several

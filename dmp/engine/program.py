@@ -230,6 +230,12 @@ class Program:
         typical round."""
         return 1
 
+    def warm_up_rounds(self, n_partitions: int) -> int:
+        """How many rounds a first fit on ``n_partitions`` partitions must run for every
+        kernel of its rounds to have run once: the planner's warm-up before its probes
+        (default: two rounds past the lead rounds, as far as a probe runs at least)."""
+        return self.lead_rounds(n_partitions) + 2
+
     def partition_arrays(self, state) -> dict:
         """The partition's model variables (checkpointed and gathered at the end)."""
         return {}
