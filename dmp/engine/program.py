@@ -226,8 +226,8 @@ class Program:
         than the rounds after them (default 1: the first round, which often only starts the
         fit).  The planner (`dmp.plan`) prices these rounds as its probe measured them and
         every later one at the mean of the probe's later rounds, so a start far cheaper or
-        dearer than the rest (LDA's counting rotation, P rounds) is not taken for the
-        typical round."""
+        dearer than the rest (LDA's counting rotation and first sweep, 2P rounds) is not
+        taken for the typical round."""
         return 1
 
     def warm_up_rounds(self, n_partitions: int) -> int:
