@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import errno
 import logging
+import signal
 import sys
+import threading
 import warnings
 
 
@@ -49,6 +51,9 @@ def _cmd_run(args) -> int:
 
     tls = _tls_config(args, args.scheduler)
     spec = load_pipeline(args.pipeline)
+    # only the main thread may set handlers (a caller running the CLI in a thread keeps its own)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _interrupt_quietly) if main_thread else None
     try:
         with dask.config.set(tls):
             run_pipeline(spec, scheduler=args.scheduler, workers=args.workers,
@@ -60,7 +65,20 @@ def _cmd_run(args) -> int:
         print(f"{end_bar}dmp: run interrupted; its checkpoints are kept, continue it with: "
               f"{_resume_command(args)}", file=sys.stderr)
         return 130
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGINT, previous)
     return 0
+
+
+def _interrupt_quietly(signum, frame) -> None:
+    """Ctrl-C during ``dmp run``: Dask's loggers are silenced before the interrupt is
+    raised, since what the loop thread logs about the calls it cancels would otherwise race
+    the driver's own handling of it."""
+    from .pipeline import _silence_distributed
+
+    _silence_distributed()
+    raise KeyboardInterrupt
 
 
 def _resume_command(args) -> str:

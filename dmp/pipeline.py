@@ -442,8 +442,10 @@ def _fit_reporting_warnings(est, ds, spec) -> None:
 
 
 def _silence_distributed() -> None:
-    names = ["distributed", *(n for n in logging.root.manager.loggerDict
-                              if n.startswith("distributed."))]
+    # tornado.application: distributed's sync() cancels its call on the loop thread after
+    # Ctrl-C and, when the interrupt came before the call began, logs a NameError there
+    names = ["distributed", "tornado.application",
+             *(n for n in logging.root.manager.loggerDict if n.startswith("distributed."))]
     for name in names:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
