@@ -542,7 +542,7 @@ def _cmd_plan(args) -> int:
     try:
         rows = plan(cls(**params), ds, workers=args.workers, network=network,
                     cores_per_worker=args.cores_per_worker, driver_cores=args.driver_cores,
-                    memory_per_worker=args.memory_per_worker, probe_max=args.probe_max,
+                    cpu_period=args.cpu_period, memory_per_worker=args.memory_per_worker, probe_max=args.probe_max,
                     probe_seconds=args.probe_seconds, probe_on=client,
                     probe_all_workers=args.probe_all_workers, as_frame=False)
     finally:
@@ -553,11 +553,28 @@ def _cmd_plan(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
+        quota = ("" if args.cores_per_worker >= 1 or args.cpu_period is None else
+                 f" (a CPU quota, period {args.cpu_period * 1e3:g} ms)")
         print(f"{spec.name}: {cls.__name__} on {ds}; network {network}, "
-              f"{args.cores_per_worker:g} core(s) per worker, {args.driver_cores:g} for the "
-              f"driver (seconds: round loop and its split over the rounds)")
+              f"{args.cores_per_worker:g} core(s) per worker{quota}, {args.driver_cores:g} "
+              f"for the driver (seconds: round loop and its split over the rounds)")
         print(table_text(rows))
     return 0
+
+
+def _cpu_period(text: str) -> float | None:
+    from .planning import _seconds
+
+    if text.strip().lower() == "none":
+        return None
+    try:
+        v = float(text)             # seconds
+    except ValueError:
+        v = _seconds(text)
+    if v is None or not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"--cpu-period must be a duration > 0 such as 100ms "
+                                         f"or 10ms, or none; got {text!r}")
+    return v
 
 
 def _positive_float(what: str):
@@ -584,6 +601,10 @@ def _add_plan_parser(sub) -> None:
                     default=1.0, help="cores of each worker (default 1)")
     pl.add_argument("--driver-cores", type=_positive_float("--driver-cores"), default=1.0,
                     help="cores of the driver (default 1)")
+    pl.add_argument("--cpu-period", type=_cpu_period, default=0.1, metavar="DURATION",
+                    help="with fractional cores: the period of their CPU quota, e.g. 100ms "
+                         "(Kubernetes, Docker; the default) or 10ms (dmp.testing."
+                         "EmulatedCluster); 'none' for a uniformly slowed core")
     pl.add_argument("--memory-per-worker", default="4GiB",
                     help="each worker's memory limit (default 4GiB)")
     pl.add_argument("--probe-max", type=_int_at_least(1), default=8,

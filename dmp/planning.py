@@ -19,7 +19,9 @@ checks it before a fit.
 
 A round on P workers is predicted as::
 
-    compute  = slowest partition's push / min(cores_per_worker, 1)
+    compute  = slowest partition's push on cores_per_worker (`throttled_seconds`: the push
+               divided by the fraction of a core, less what the first burst of a CPU quota
+               runs at full speed: all of a push shorter than the quota)
                (the program's lead rounds, `Program.lead_rounds`, as the probe measured
                them, every later round at the mean of the probe's later rounds)
     driver   = driver's share / min(driver_cores, 1)
@@ -66,7 +68,7 @@ from .engine.runner import run
 
 __all__ = ["plan", "plan_memory", "Network", "parse_network", "EngineCosts", "Probe", "predict",
            "probe", "probe_program", "probe_estimator", "measure_engine", "NullProgram",
-           "table_text", "plot_plan"]
+           "table_text", "plot_plan", "throttled_seconds"]
 
 
 # --------------------------------------------------------------------------- the network
@@ -110,14 +112,19 @@ def parse_network(text) -> Network:
                          f"bit, Kbit, Mbit, Gbit, Tbit, B, KB, MB, GB, MiB, GiB per second); "
                          f"network must be {form}")
     bandwidth = float(m.group(1)) * _BANDWIDTH_UNITS[m.group(2)] / 8
-    m = re.fullmatch(_NUMBER + r"(s|ms|us|µs|ns)", lat_text)
-    if m is None:
+    latency = _seconds(lat_text)
+    if latency is None:
         raise ValueError(f"network {text!r}: cannot read the latency {lat_text!r} (units: s, "
                          f"ms, us, ns); network must be {form}")
-    latency = float(m.group(1)) * _LATENCY_UNITS[m.group(2)]
     if not bandwidth > 0 or not math.isfinite(bandwidth):
         raise ValueError(f"network {text!r}: the bandwidth must be > 0")
     return Network(bandwidth=bandwidth, latency=latency)
+
+
+def _seconds(text: str) -> float | None:
+    """``"50us"`` -> 5e-05 (units s, ms, us, µs, ns); None if it is not such a duration."""
+    m = re.fullmatch(_NUMBER + r"(s|ms|us|µs|ns)", text.strip().lower().replace(" ", ""))
+    return None if m is None else float(m.group(1)) * _LATENCY_UNITS[m.group(2)]
 
 
 @dataclass(frozen=True)
@@ -197,6 +204,9 @@ class Probe:
     #: slowest partitions' pushes together (``compute_s`` is the mean of the rounds after)
     lead_rounds: int = 0
     lead_compute_s: float = 0.0
+    #: the compute of every probed round in order, the lead rounds first (seconds of one
+    #: core): what a worker with a CPU quota makes of each (`throttled_seconds`)
+    round_compute_s: tuple[float, ...] = ()
 
 
 def _probe_from_history(rec: "_Recorder", P: int, *, max_rounds: int,
@@ -239,7 +249,8 @@ def _probe_from_history(rec: "_Recorder", P: int, *, max_rounds: int,
         ring_messages=messages,
         batch_rounds=float(np.mean(batch_lengths)) if batch_lengths else 1.0,
         partition_bytes=partition_bytes, probed_rounds=n, probe_s=probe_s,
-        lead_rounds=first, lead_compute_s=float(sum(lead_compute)))
+        lead_rounds=first, lead_compute_s=float(sum(lead_compute)),
+        round_compute_s=tuple(float(c) for c in lead_compute + compute))
 
 
 class _Recorder:
@@ -582,20 +593,60 @@ def _speed(cores: float) -> float:
     return min(float(cores), 1.0)
 
 
+def throttled_seconds(cpu_s, cores: float, period: float | None = None):
+    """Expected wall seconds of ``cpu_s`` seconds of one thread's work on ``cores`` cores.
+
+    A fraction of a core is a CPU quota (Linux CFS bandwidth control: Kubernetes' and
+    Docker's CPU limits, `dmp.testing.EmulatedCluster`): the process runs at full speed
+    for ``cores x period`` seconds of each ``period`` and then waits for the next.  Work
+    that starts after an idle wait (a worker's push after it waited for the round) with
+    its quota unspent and shorter than the quota is not slowed at all; longer work takes
+    about ``cpu_s / cores`` less what its first, unthrottled burst saved.  The mean over a
+    start anywhere in the period.  ``period=None``: a core slowed uniformly to ``cores``
+    (``cpu_s / cores``).  One core or more: ``cpu_s`` (the kernels run on one thread).
+    """
+    c = np.asarray(cpu_s, dtype=float)
+    q = float(cores)
+    if q >= 1.0:
+        return c
+    if period is None:
+        return c / q
+    T = float(period)
+    burst = q * T
+    phase = (np.arange(64) + 0.5) / 64 * T          # where in its period the work starts
+    first = np.minimum(burst, T - phase)            # the quota that period still allows
+    left = c[..., None] - first
+    full = np.floor(np.maximum(left - 1e-12, 0.0) / burst)
+    wall = np.where(left <= 0.0, c[..., None], (T - phase) + full * T + (left - full * burst))
+    return wall.mean(axis=-1)
+
+
 def predict(probe: Probe, P: int, *, network: Network, engine: EngineCosts = EngineCosts(),
             cores_per_worker: float = 1.0, driver_cores: float = 1.0,
+            cpu_period: float | None = None,
             batch_target_s: float | None = None, batch_max_rounds: int | None = None) -> dict:
     """One row of the plan: the round loop on ``P`` workers from a probe at the same P.
 
     The seconds of the row are totals over the round loop (``rounds`` rounds); ``round_s``
-    is one round's.  See the module docstring for the formula.
+    is one round's.  See the module docstring for the formula; ``cpu_period`` as for
+    `plan`.
     """
     if batch_target_s is None:
         batch_target_s = config.seconds("dmp.batch.target-duration")
     if batch_max_rounds is None:
         batch_max_rounds = config.count("dmp.batch.max-rounds")
     sw, sd = _speed(cores_per_worker), _speed(driver_cores)
-    compute = probe.compute_s / sw
+    lead = probe.lead_rounds
+    # a push starts after its worker waited for the round: with a CPU quota, at full
+    # speed until the quota is spent (`throttled_seconds`), so each round apart
+    samples = probe.round_compute_s
+    if len(samples) > lead:
+        lead_compute = float(np.sum(throttled_seconds(samples[:lead], sw, cpu_period)))
+        compute = float(np.mean(throttled_seconds(samples[lead:], sw, cpu_period)))
+    else:
+        lead_compute = float(throttled_seconds(probe.lead_compute_s / max(lead, 1), sw,
+                                               cpu_period)) * lead
+        compute = float(throttled_seconds(probe.compute_s, sw, cpu_period))
     driver = probe.driver_s / sd
     ring_comm = probe.ring_bytes / network.bandwidth + probe.ring_messages * network.latency
     m = probe.ring_messages
@@ -612,11 +663,10 @@ def predict(probe: Probe, P: int, *, network: Network, engine: EngineCosts = Eng
     R = probe.rounds
     # the lead rounds at their own cost (a share of it when the fit is shorter), the
     # others at the mean of the later rounds
-    lead = probe.lead_rounds
     if lead and R < lead:
-        total_compute = probe.lead_compute_s / sw * R / lead
+        total_compute = lead_compute * R / lead
     else:
-        total_compute = probe.lead_compute_s / sw + (R - lead) * compute
+        total_compute = lead_compute + (R - lead) * compute
     loop_s = total_compute + R * (driver + comm + overhead)
     return {"workers": P, "loop_s": loop_s, "rounds": R, "round_s": loop_s / max(R, 1),
             "compute_s": total_compute, "driver_s": R * driver, "comm_s": R * comm,
@@ -667,6 +717,9 @@ def _extrapolate(probes: list[Probe], P: int, max_rounds: int | None,
     lead_compute = last.lead_compute_s * last.n_partitions / P
     if partition_bytes is None and last.partition_bytes is not None:
         partition_bytes = int(last.partition_bytes * last.n_partitions / P)
+    later_scale = ratio * last.n_partitions / P
+    samples = tuple(c * last.n_partitions / P for c in last.round_compute_s[:last.lead_rounds]) \
+        + tuple(c * later_scale for c in last.round_compute_s[last.lead_rounds:])
     return Probe(n_partitions=P, rounds=rounds,
                  rounds_source=f"extrapolated from P={last.n_partitions}",
                  max_rounds=max_rounds, compute_s=compute, driver_s=driver,
@@ -674,7 +727,8 @@ def _extrapolate(probes: list[Probe], P: int, max_rounds: int | None,
                  batch_rounds=last.batch_rounds * max_rounds / last.max_rounds
                  if last.batch_rounds > 1 else 1.0,
                  partition_bytes=partition_bytes, lead_rounds=lead,
-                 lead_compute_s=lead_compute)
+                 lead_compute_s=lead_compute,
+                 round_compute_s=samples if lead == last.lead_rounds else ())
 
 
 def _memory_row(partition_bytes, memory_limit) -> dict:
@@ -772,7 +826,7 @@ def _check_positive(name: str, value, what: str = "a number") -> None:
 
 def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10Gbit,50us",
          cores_per_worker: float = 1.0, driver_cores: float = 1.0, memory_per_worker="4GiB",
-         engine: EngineCosts | None = None, probe_max: int = 8, probe_seconds: float = 5.0,
+         cpu_period: float | None = 0.1, engine: EngineCosts | None = None, probe_max: int = 8, probe_seconds: float = 5.0,
          probe_on=None, probe_all_workers: bool = False, as_frame: bool | None = None):
     """Predict what ``estimator.fit(X, y)`` would do on each number of ``workers``.
 
@@ -789,6 +843,12 @@ def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10G
         Bandwidth and latency of each worker's link, e.g. ``"10Gbit,50us"``.
     cores_per_worker, driver_cores : float
         Cores of each worker and of the driver (the kernels use one; less slows them).
+    cpu_period : float or None
+        With less than one core per worker: the period in seconds of the CPU quota that
+        limits it (Kubernetes and Docker: 0.1; `dmp.testing.EmulatedCluster`: 0.01).  A
+        worker then runs at full speed for ``cores_per_worker x cpu_period`` of each
+        period, so a push shorter than that is not slowed (`throttled_seconds`).  None:
+        a core slowed uniformly.
     memory_per_worker : int or str or None
         Each worker's memory limit (``fits`` compares with it; None: not checked).
     engine : EngineCosts, optional
@@ -834,6 +894,8 @@ def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10G
     for name, v in (("cores_per_worker", cores_per_worker), ("driver_cores", driver_cores)):
         _check_positive(name, v, "a number of cores")
     _check_positive("probe_seconds", probe_seconds)
+    if cpu_period is not None:
+        _check_positive("cpu_period", cpu_period, "seconds")
     limit = _nbytes(memory_per_worker)
     probed = [P for P in Ps if P <= max(probe_max, Ps[0])]
     if probe_all_workers and probe_on is None:
@@ -851,7 +913,7 @@ def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10G
             pr = _extrapolate(list(probes.values()), P, max_rounds, pbytes, lead)
             source = pr.rounds_source
         row = predict(pr, P, network=net, engine=engine, cores_per_worker=cores_per_worker,
-                      driver_cores=driver_cores)
+                      driver_cores=driver_cores, cpu_period=cpu_period)
         row.update(_memory_row(pr.partition_bytes, limit))
         row["source"] = source + ("" if pr.rounds_source != "max_iter"
                                   else ", rounds: the fit's budget")

@@ -25,7 +25,7 @@ import time
 import weakref
 
 __all__ = ["EmulatedCluster", "CgroupsUnavailable", "emulation_unavailable",
-           "remove_stale_cgroups", "spin"]
+           "remove_stale_cgroups", "spin", "cpu_period"]
 
 #: the CFS period of every cgroup; the quota is ``cpu`` times it.  A short period keeps a
 #: confined process's bursts short (it runs at most ``q x 10 ms`` before it is throttled).
@@ -34,6 +34,12 @@ CFS_PERIOD_US = 10_000
 _MIN_QUOTA_US = 1_000
 _PREFIX = "dmp-emulated-"
 _ROLES_FIXED = ("scheduler", "driver")
+
+
+def cpu_period(cores: float) -> float:
+    """The CFS period in seconds of a cgroup given ``cores`` (what `dmp.plan`'s
+    ``cpu_period`` is for these workers)."""
+    return max(CFS_PERIOD_US, math.ceil(_MIN_QUOTA_US / cores)) / 1e6
 
 
 class CgroupsUnavailable(RuntimeError):
@@ -113,7 +119,7 @@ class _Hierarchy:
     def set_cpu(self, path: str, cores: float | None) -> None:
         if cores is None:
             return
-        period = max(CFS_PERIOD_US, math.ceil(_MIN_QUOTA_US / cores))
+        period = round(cpu_period(cores) * 1e6)
         quota = max(_MIN_QUOTA_US, int(round(cores * period)))
         if self.version == 1:
             _write(os.path.join(path, "cpu.cfs_period_us"), str(period))

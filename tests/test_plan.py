@@ -13,7 +13,7 @@ from dmp.cli import _workers_list, main
 from dmp.io import write_sparse
 from dmp.linear_model import Lasso
 from dmp.planning import (EngineCosts, Network, NullProgram, Probe, parse_network, predict,
-                          probe_program)
+                          probe_program, throttled_seconds)
 
 GBIT = 1e9 / 8
 
@@ -76,6 +76,61 @@ def test_predict_arithmetic():
                              "lead_compute_s": 0.001}), 4, network=net, engine=eng,
                     cores_per_worker=0.5, driver_cores=2.0)
     assert short["compute_s"] == pytest.approx(0.001 / 0.5 / 2, rel=1e-12)
+
+
+def _cfs_wall(cpu_s, cores, period, start, step=1e-6):
+    """Wall seconds of ``cpu_s`` of work started at ``start`` (seconds into a CFS period, the
+    quota unspent), stepped through time ``step`` by ``step``: runs while the period's quota
+    lasts, waits for the next period once it is spent."""
+    t, done, quota, end = 0.0, 0.0, cores * period, period - start
+    while done < cpu_s - 1e-12:
+        if t >= end - 1e-12:
+            end, quota = end + period, cores * period
+        if quota > 1e-12:
+            run = min(step, quota, cpu_s - done, end - t)
+            t, done, quota = t + run, done + run, quota - run
+        else:
+            t = end
+    return t
+
+
+@pytest.mark.parametrize("cpu_s", [0.0005, 0.002, 0.0021, 0.004, 0.013, 0.05])
+@pytest.mark.parametrize("cores,period", [(0.2, 0.01), (0.5, 0.1), (0.05, 0.02)])
+def test_throttled_seconds_is_the_cfs_quota_s_wall_time(cpu_s, cores, period):
+    """Against a step-by-step walk through the periods, averaged over where the work
+    starts; work within one quota is not slowed, long work approaches cpu_s / cores."""
+    starts = (np.arange(64) + 0.5) / 64 * period
+    walk = np.mean([_cfs_wall(cpu_s, cores, period, s, step=period / 2000) for s in starts])
+    assert float(throttled_seconds(cpu_s, cores, period)) == pytest.approx(walk, rel=2e-3)
+    if cpu_s <= cores * period:
+        assert float(throttled_seconds(cpu_s, cores, period)) == pytest.approx(cpu_s)
+    assert float(throttled_seconds(cpu_s, cores, None)) == pytest.approx(cpu_s / cores)
+    assert float(throttled_seconds(cpu_s, 1.5, period)) == cpu_s
+
+
+def test_predict_prices_each_round_on_a_cpu_quota():
+    """With a quota's period, every probed round is throttled apart (short rounds within the
+    quota at full speed, long ones nearly compute / cores); without one, the old
+    mean / cores, whatever the samples."""
+    rounds = (0.030, 0.001, 0.001, 0.002, 0.020)      # one lead round, then four
+    probe = Probe(n_partitions=2, rounds=9, rounds_source="probe", max_rounds=100,
+                  compute_s=float(np.mean(rounds[1:])), driver_s=0.0, driver_bytes=0.0,
+                  lead_rounds=1, lead_compute_s=0.030, round_compute_s=rounds)
+    net = Network(bandwidth=1e12, latency=0.0)
+    eng = EngineCosts(call_s=0.0, worker_call_s=0.0, message_s=0.0, round_s=0.0)
+    row = predict(probe, 2, network=net, engine=eng, cores_per_worker=0.2, cpu_period=0.01)
+    wall = [float(throttled_seconds(c, 0.2, 0.01)) for c in rounds]
+    assert wall[1] == pytest.approx(0.001) and wall[4] > 0.08
+    assert row["compute_s"] == pytest.approx(wall[0] + 8 * np.mean(wall[1:]), rel=1e-12)
+    slowed = predict(probe, 2, network=net, engine=eng, cores_per_worker=0.2)
+    assert slowed["compute_s"] == pytest.approx((0.030 + 8 * np.mean(rounds[1:])) / 0.2,
+                                                rel=1e-12)
+    # a probe without its rounds (an extrapolated one whose lead differs): its means
+    bare = Probe(**{**probe.__dict__, "round_compute_s": ()})
+    row = predict(bare, 2, network=net, engine=eng, cores_per_worker=0.2, cpu_period=0.01)
+    assert row["compute_s"] == pytest.approx(
+        float(throttled_seconds(0.030, 0.2, 0.01))
+        + 8 * float(throttled_seconds(np.mean(rounds[1:]), 0.2, 0.01)), rel=1e-12)
 
 
 def test_predict_batches_spread_the_call_cost():
@@ -223,6 +278,8 @@ def test_workers_list():
     (["--workers", "1,2,...,x"], "argument --workers"),
     (["--cores-per-worker", "-1"], "--cores-per-worker must be a number > 0"),
     (["--probe-all-workers"], "--probe-all-workers needs --probe-on ADDRESS"),
+    (["--cpu-period", "10 parsecs"], "--cpu-period must be a duration > 0"),
+    (["--cpu-period", "-1"], "--cpu-period must be a duration > 0"),
 ])
 def test_cli_plan_refuses(tmp_path, capsys, argv, says):
     pipeline = tmp_path / "p.yaml"
@@ -252,10 +309,12 @@ def test_cli_plan_of_a_pipeline(tmp_path, capsys, lasso_problem):
     assert [r["workers"] for r in rows] == [1, 2, 4, 8]
     assert all(r["loop_s"] > 0 and r["fits"] is True for r in rows)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    rc = main(["plan", str(pipeline), "--workers", "2", "--probe-seconds", "0.2"])
+    rc = main(["plan", str(pipeline), "--workers", "2", "--probe-seconds", "0.2",
+               "--cores-per-worker", "0.5", "--cpu-period", "10ms"])
     assert rc == 0
     out = capsys.readouterr().out
     assert "tiny: Lasso on" in out and "loop s" in out
+    assert "0.5 core(s) per worker (a CPU quota, period 10 ms)" in out
     assert len([line for line in out.splitlines() if line.strip()[:1].isdigit()]) == 1
     assert np.isfinite([r["loop_s"] for r in rows]).all()
 
