@@ -601,10 +601,10 @@ def _add_plan_parser(sub) -> None:
                     default=1.0, help="cores of each worker (default 1)")
     pl.add_argument("--driver-cores", type=_positive_float("--driver-cores"), default=1.0,
                     help="cores of the driver (default 1)")
-    pl.add_argument("--cpu-period", type=_cpu_period, default=0.1, metavar="DURATION",
-                    help="with fractional cores: the period of their CPU quota, e.g. 100ms "
-                         "(Kubernetes, Docker; the default) or 10ms (dmp.testing."
-                         "EmulatedCluster); 'none' for a uniformly slowed core")
+    pl.add_argument("--cpu-period", type=_cpu_period, default=None, metavar="DURATION",
+                    help="with fractional cores: price pushes as bursts of a CPU quota of "
+                         "this period, e.g. 100ms (Kubernetes, Docker) or 10ms (dmp.testing."
+                         "EmulatedCluster); default: a uniformly slowed core")
     pl.add_argument("--memory-per-worker", default="4GiB",
                     help="each worker's memory limit (default 4GiB)")
     pl.add_argument("--probe-max", type=_int_at_least(1), default=8,

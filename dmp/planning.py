@@ -19,9 +19,8 @@ checks it before a fit.
 
 A round on P workers is predicted as::
 
-    compute  = slowest partition's push on cores_per_worker (`throttled_seconds`: the push
-               divided by the fraction of a core, less what the first burst of a CPU quota
-               runs at full speed: all of a push shorter than the quota)
+    compute  = slowest partition's push / min(cores_per_worker, 1)
+               (with ``cpu_period``: as bursts of a CPU quota, `throttled_seconds`)
                (the program's lead rounds, `Program.lead_rounds`, as the probe measured
                them, every later round at the mean of the probe's later rounds)
     driver   = driver's share / min(driver_cores, 1)
@@ -826,7 +825,7 @@ def _check_positive(name: str, value, what: str = "a number") -> None:
 
 def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10Gbit,50us",
          cores_per_worker: float = 1.0, driver_cores: float = 1.0, memory_per_worker="4GiB",
-         cpu_period: float | None = 0.1, engine: EngineCosts | None = None, probe_max: int = 8, probe_seconds: float = 5.0,
+         cpu_period: float | None = None, engine: EngineCosts | None = None, probe_max: int = 8, probe_seconds: float = 5.0,
          probe_on=None, probe_all_workers: bool = False, as_frame: bool | None = None):
     """Predict what ``estimator.fit(X, y)`` would do on each number of ``workers``.
 
@@ -843,12 +842,16 @@ def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10G
         Bandwidth and latency of each worker's link, e.g. ``"10Gbit,50us"``.
     cores_per_worker, driver_cores : float
         Cores of each worker and of the driver (the kernels use one; less slows them).
-    cpu_period : float or None
-        With less than one core per worker: the period in seconds of the CPU quota that
-        limits it (Kubernetes and Docker: 0.1; `dmp.testing.EmulatedCluster`: 0.01).  A
-        worker then runs at full speed for ``cores_per_worker x cpu_period`` of each
-        period, so a push shorter than that is not slowed (`throttled_seconds`).  None:
-        a core slowed uniformly.
+    cpu_period : float, optional
+        With less than one core per worker: price each push as bursts of a CPU quota of
+        this period in seconds (Kubernetes and Docker: 0.1; `dmp.testing.EmulatedCluster`:
+        0.01), at full speed for ``cores_per_worker x cpu_period`` of each period
+        (`throttled_seconds`), instead of on a core slowed uniformly (the default).  That
+        holds where a worker sits idle for whole periods between its pushes and has its
+        machine's cores to itself while it runs; on emulated 0.2-core workers it did for
+        the Lasso and SGD on 2-4 workers, not on 1 (the worker's own handling of a round,
+        about 2.4 ms of CPU, spends a 2 ms quota before the push) nor on 8 sharing two
+        cores (BENCHMARKS.md, "Pushes on a CPU quota").
     memory_per_worker : int or str or None
         Each worker's memory limit (``fits`` compares with it; None: not checked).
     engine : EngineCosts, optional
