@@ -124,6 +124,9 @@ def _import(case: str, side: str):
             import dmp.decomposition as m
         else:
             import dmp.hashing as m
+        # the estimators load on first use (module __getattr__): the import a user's
+        # ``from dmp.linear_model import Lasso`` makes includes the class's module
+        getattr(m, _DMP_CLASS[case])
         return m
     if case == "lasso":
         from sklearn.linear_model import Lasso as m
@@ -136,6 +139,11 @@ def _import(case: str, side: str):
     else:
         import dmp.hashing as m
     return m
+
+
+_DMP_CLASS = {"lasso": "Lasso", "sgd": "SparsifiedSGDClassifier",
+              "lda": "LatentDirichletAllocation", "mf": "MatrixFactorization",
+              "ba": "BinaryAutoencoder"}
 
 
 def _alpha_max(X, y) -> float:
