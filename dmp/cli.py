@@ -542,8 +542,8 @@ def _cmd_plan(args) -> int:
     try:
         rows = plan(cls(**params), ds, workers=args.workers, network=network,
                     cores_per_worker=args.cores_per_worker, driver_cores=args.driver_cores,
-                    cpu_period=args.cpu_period, memory_per_worker=args.memory_per_worker, probe_max=args.probe_max,
-                    probe_seconds=args.probe_seconds, probe_on=client,
+                    cpu_period=args.cpu_period, memory_per_worker=args.memory_per_worker,
+                    probe_max=args.probe_max, probe_seconds=args.probe_seconds, probe_on=client,
                     probe_all_workers=args.probe_all_workers, as_frame=False)
     finally:
         if client is not None:
