@@ -826,7 +826,8 @@ def _check_positive(name: str, value, what: str = "a number") -> None:
 def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10Gbit,50us",
          cores_per_worker: float = 1.0, driver_cores: float = 1.0, memory_per_worker="4GiB",
          cpu_period: float | None = None, engine: EngineCosts | None = None,
-         probe_max: int = 8, probe_seconds: float = 5.0, probe_on=None, probe_all_workers: bool = False, as_frame: bool | None = None):
+         probe_max: int = 8, probe_seconds: float = 5.0, probe_on=None,
+         probe_all_workers: bool = False, as_frame: bool | None = None):
     """Predict what ``estimator.fit(X, y)`` would do on each number of ``workers``.
 
     Parameters
