@@ -252,8 +252,15 @@ def _probe_from_history(rec: "_Recorder", P: int, *, max_rounds: int,
         round_compute_s=tuple(float(c) for c in lead_compute + compute))
 
 
+#: a probe of a program whose rounds to its stopping rule depend on P
+#: (`Program.probe_to_stopping_rule`) runs on to that rule for up to this many times its
+#: seconds
+COUNT_FACTOR = 20
+
+
 class _Recorder:
-    """The probe's callback: stops the fit after ``seconds`` (never before 3 rounds, nor
+    """The probe's callback: stops the fit after ``seconds`` (``COUNT_FACTOR`` times that
+    for a `Program.probe_to_stopping_rule` one; never before 3 rounds, nor
     before two rounds after the program's lead rounds, `Program.lead_rounds`, or in a
     ``warm_up`` before `Program.warm_up_rounds`) and
     records, after each round, the round's record, the CPU seconds of this thread and of
@@ -271,6 +278,7 @@ class _Recorder:
 
     def __init__(self, seconds: float, min_rounds: int = 3, warm_up: bool = False):
         self.seconds, self.min_rounds = seconds, min_rounds
+        self.limit = seconds
         #: a warm-up runs only until every kernel ran once (`Program.warm_up_rounds`)
         self.warm_up = warm_up
         self.program = None
@@ -305,6 +313,8 @@ class _Recorder:
         self.min_rounds = max(self.min_rounds,
                               int(program.warm_up_rounds(n_partitions)) if self.warm_up
                               else self.lead + 2)
+        if program.probe_to_stopping_rule and not self.warm_up:
+            self.limit = self.seconds * COUNT_FACTOR
         push, apply = program.push, program.apply
 
         def timed_push(state, plan):
@@ -353,7 +363,7 @@ class _Recorder:
             nxt = round + 1
             declared = p.ring_inbox(round) is not None if p.uses_ring else True
             self.batch.append(int(p.batch_rounds(nxt)) if declared else 1)
-        if round + 1 >= self.min_rounds and time.perf_counter() - self.t0 > self.seconds:
+        if round + 1 >= self.min_rounds and time.perf_counter() - self.t0 > self.limit:
             self.stopped = True
             return True
         return False
@@ -864,6 +874,9 @@ def plan(estimator, X, y=None, *, workers=(1, 2, 4, 8, 16, 32, 64), network="10G
         About how long each probe runs (a probe that reaches the stopping rule sooner gives
         the exact rounds; every probe runs at least 3 rounds and two rounds past the model's
         lead rounds, `Program.lead_rounds`: for LDA, one sweep of the whole corpus and more).
+        A model whose rounds to its stopping rule grow with P (the Lasso,
+        `Program.probe_to_stopping_rule`) is probed on to that rule, for up to
+        ``COUNT_FACTOR`` (20) times as long.
     probe_on : distributed.Client, optional
         Run the probes on one of this cluster's workers (`probe`): the kernels are then
         timed where they will run, which matters when the workers' machines differ from
@@ -1040,16 +1053,20 @@ class NullProgram(Program):
     ``partial_bytes`` bytes (8 more counted for its type); each pull spins ``pull_s``; with
     ``ring_bytes`` each push also sends that many bytes to the next partition (``fanout``:
     to every other partition).  The first ``lead_rounds`` rounds (`Program.lead_rounds`)
-    spin ``lead_push_s`` instead when it is given.  `measure_engine` runs it with no work
-    to time the engine itself."""
+    spin ``lead_push_s`` instead when it is given; with ``stop_after`` the fit converges
+    after that many rounds (and ``probe_to_stopping_rule`` sets
+    `Program.probe_to_stopping_rule`).  `measure_engine` runs it with no work to time the
+    engine itself."""
 
     name = "null"
     gather_partitions = False
 
     def __init__(self, push_s=0.0, pull_s=0.0, partial_bytes=8, ring_bytes=0,
                  partition_bytes=1000, batched=False, fanout=False, lead_rounds=1,
-                 lead_push_s=None):
+                 lead_push_s=None, stop_after=None, probe_to_stopping_rule=False):
         super().__init__()
+        self.stop_after = None if stop_after is None else int(stop_after)
+        self.probe_to_stopping_rule = bool(probe_to_stopping_rule)
         self.n_lead = int(lead_rounds)
         self.lead_push_s = None if lead_push_s is None else float(lead_push_s)
         self.batched, self.fanout = bool(batched), bool(fanout)
@@ -1068,7 +1085,7 @@ class NullProgram(Program):
         return self.n_lead
 
     def start(self, n_partitions):
-        self.driver = {"P": n_partitions}
+        self.driver = {"P": n_partitions, "pulled": 0}
 
     def schedule(self, round):
         return [NullPlan(round)] * self.driver["P"]
@@ -1102,7 +1119,11 @@ class NullProgram(Program):
 
     def pull(self, round, partials):
         _spin(self.pull_s)
+        self.driver["pulled"] += 1
         return None
+
+    def converged(self):
+        return self.stop_after is not None and self.driver["pulled"] >= self.stop_after
 
 
 def _spin(seconds: float) -> None:

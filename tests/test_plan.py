@@ -12,8 +12,9 @@ from conftest import make_problem
 from dmp.cli import _workers_list, main
 from dmp.io import write_sparse
 from dmp.linear_model import Lasso
-from dmp.planning import (EngineCosts, Network, NullProgram, Probe, parse_network, predict,
-                          probe_program, throttled_seconds)
+from dmp.linear_model._lasso_program import LassoProgram
+from dmp.planning import (COUNT_FACTOR, EngineCosts, Network, NullProgram, Probe,
+                          parse_network, predict, probe_program, throttled_seconds)
 
 GBIT = 1e9 / 8
 
@@ -209,6 +210,26 @@ def test_probe_stops_after_its_time():
     probe = probe_program(NullProgram(push_s=0.01), 1, max_iter=10_000, seconds=0.1)
     assert probe.rounds_source == "max_iter" and probe.rounds == 10_000
     assert 3 <= probe.probed_rounds < 10_000
+
+
+def test_probe_of_a_program_whose_rounds_depend_on_p_runs_to_its_stopping_rule():
+    """Past its seconds, up to COUNT_FACTOR times them: the rounds the fit takes, not its
+    budget; a program without the flag stops at its seconds."""
+    counted = probe_program(NullProgram(push_s=0.002, stop_after=120,
+                                        probe_to_stopping_rule=True), 2,
+                            max_iter=10_000, seconds=0.05)
+    assert counted.rounds_source == "probe" and counted.rounds == counted.probed_rounds == 120
+    assert counted.probe_s > 0.05
+    cut = probe_program(NullProgram(push_s=0.002, stop_after=120), 2, max_iter=10_000,
+                        seconds=0.05)
+    assert cut.rounds_source == "max_iter" and cut.rounds == 10_000 and cut.probed_rounds < 120
+    # the count has its limit too
+    capped = probe_program(NullProgram(push_s=0.002, stop_after=100_000,
+                                       probe_to_stopping_rule=True), 1,
+                           max_iter=1_000_000, seconds=0.01)
+    assert capped.rounds_source == "max_iter" and capped.probed_rounds < 100_000
+    assert capped.probe_s < 0.01 * COUNT_FACTOR + 2.0
+    assert LassoProgram.probe_to_stopping_rule and not NullProgram.probe_to_stopping_rule
 
 
 @pytest.fixture(scope="module")

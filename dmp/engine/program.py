@@ -230,6 +230,12 @@ class Program:
         taken for the typical round."""
         return 1
 
+    #: the planner's probe (`dmp.plan`) runs this program's fit on to its stopping rule,
+    #: up to `dmp.planning.COUNT_FACTOR` times the probe's seconds, when the rounds to it
+    #: depend on the number of partitions (the Lasso's block-Jacobi rounds): a probe cut
+    #: short by its time would leave the planner only the fit's round budget
+    probe_to_stopping_rule = False
+
     def warm_up_rounds(self, n_partitions: int) -> int:
         """How many rounds a first fit on ``n_partitions`` partitions must run for every
         kernel of its rounds to have run once: the planner's warm-up before its probes

@@ -304,6 +304,8 @@ class LassoProgram(Program):
     name = "lasso"
     primary_metric = "objective"
     primary_direction = "min"
+    # block Jacobi: more partitions, more rounds to the duality gap's tolerance
+    probe_to_stopping_rule = True
 
     def __init__(self, dataset, *, alpha, fit_intercept, schedule, schedule_size, eta, rho,
                  oversample, tol, check_every, refresh_every, seed, inner_sweeps=1,
