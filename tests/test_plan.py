@@ -284,6 +284,8 @@ def test_plan_refuses_bad_arguments(lasso_problem):
         dmp.plan(Lasso(), X, y, cores_per_worker=0)
     with pytest.raises(ValueError, match="probe_seconds must be a number > 0"):
         dmp.plan(Lasso(), X, y, probe_seconds=float("nan"))
+    with pytest.raises(ValueError, match="cpu_period must be seconds > 0, got '100ms'"):
+        dmp.plan(Lasso(), X, y, cores_per_worker=0.5, cpu_period="100ms")
 
 
 def test_workers_list():
