@@ -565,15 +565,13 @@ def _cmd_plan(args) -> int:
 def _cpu_period(text: str) -> float | None:
     from .planning import _seconds
 
-    if text.strip().lower() == "none":
-        return None
     try:
         v = float(text)             # seconds
     except ValueError:
         v = _seconds(text)
     if v is None or not 0 < v < float("inf"):
         raise argparse.ArgumentTypeError(f"--cpu-period must be a duration > 0 such as 100ms "
-                                         f"or 10ms, or none; got {text!r}")
+                                         f"or 10ms; got {text!r}")
     return v
 
 

@@ -36,10 +36,14 @@ _PREFIX = "dmp-emulated-"
 _ROLES_FIXED = ("scheduler", "driver")
 
 
+def _period_us(cores: float) -> int:
+    return max(CFS_PERIOD_US, math.ceil(_MIN_QUOTA_US / cores))
+
+
 def cpu_period(cores: float) -> float:
     """The CFS period in seconds of a cgroup given ``cores`` (what `dmp.plan`'s
     ``cpu_period`` is for these workers)."""
-    return max(CFS_PERIOD_US, math.ceil(_MIN_QUOTA_US / cores)) / 1e6
+    return _period_us(cores) / 1e6
 
 
 class CgroupsUnavailable(RuntimeError):
@@ -119,7 +123,7 @@ class _Hierarchy:
     def set_cpu(self, path: str, cores: float | None) -> None:
         if cores is None:
             return
-        period = round(cpu_period(cores) * 1e6)
+        period = _period_us(cores)
         quota = max(_MIN_QUOTA_US, int(round(cores * period)))
         if self.version == 1:
             _write(os.path.join(path, "cpu.cfs_period_us"), str(period))
