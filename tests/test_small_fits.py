@@ -117,3 +117,84 @@ def test_payload_sizes_by_type_count_as_the_rule_says():
     assert payload_nbytes({"x": a, "n": None, "b": b"abc"}) == 83
     assert payload_nbytes(Broadcast([a, "s"])) == 88
     assert payload_nbytes(None) == 0 and payload_nbytes(np.float64(1.0)) == 8
+
+
+# every estimator and kernel family (Lasso, sparsified SGD, the three LDA samplers, MF's
+# methods in the precisions each has, ParMAC), small enough to take a second in all
+_EVERY_KERNEL_FIT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import scipy.sparse as sp
+    from dmp.decomposition import LatentDirichletAllocation, MatrixFactorization
+    from dmp.hashing import BinaryAutoencoder
+    from dmp.io.synthetic import make_lda_corpus, make_ratings
+    from dmp.linear_model import Lasso, SparsifiedSGDClassifier
+
+    def every_kernel_fit():
+        rng = np.random.default_rng(0)
+        X = rng.standard_normal((60, 8))
+        y = X @ rng.standard_normal(8)
+        out = {"lasso": Lasso(alpha=0.01, random_state=0).fit(X, y).coef_,
+               "lasso_sparse": Lasso(alpha=0.01, random_state=0).fit(
+                   sp.random(60, 8, density=0.5, random_state=0, format="csc"), y).coef_,
+               "sgd": SparsifiedSGDClassifier(max_iter=3, tol=None, random_state=0).fit(
+                   X, y > 0).coef_}
+        docs, _, _ = make_lda_corpus(n_docs=20, n_words=30, n_topics=3, doc_len=15, seed=0)
+        for sampler in ("dense", "sparse", "buckets"):
+            out[f"lda_{sampler}"] = LatentDirichletAllocation(
+                4, max_iter=3, sampler=sampler, random_state=0).fit(docs).components_
+        (u, i, r), _, _, _ = make_ratings(n_users=30, n_items=20, n_obs=300, rank=3, seed=0)
+        R = sp.coo_matrix((r, (u, i)), shape=(30, 20))
+        for method, dtype in (("ccd++", "float64"), ("ccd", "float64"), ("ccd", "float32"),
+                              ("als", "float64"), ("als", "float32")):
+            mf = MatrixFactorization(3, method=method, dtype=dtype, max_iter=2, tol=None,
+                                     random_state=0).fit(R)
+            out[f"mf_{method}_{dtype}"] = mf.item_factors_
+        out["ba"] = BinaryAutoencoder(n_bits=4, max_iter=2, random_state=0).fit(
+            rng.standard_normal((80, 6))).transform(X[:, :6])
+        return out
+""")
+
+
+def test_a_fresh_process_loads_every_kernel_without_numbas_compiler_setup(tmp_path):
+    """Cached kernels load with Numba's runtime only (`dmp.kernels._jit`): a fresh process
+    fits every estimator without Numba's compiler registries, to the same results as here
+    (where the kernels were compiled or loaded before)."""
+    scope = {}
+    exec(_EVERY_KERNEL_FIT, scope)
+    here = scope["every_kernel_fit"]()   # also fills Numba's cache for the child
+    code = _EVERY_KERNEL_FIT + textwrap.dedent(f"""
+        out = every_kernel_fit()
+        np.savez({str(tmp_path / "child.npz")!r}, **out)
+        print("registries", "numba.np.linalg" in sys.modules)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["registries", "False"], (
+        f"a fit in a fresh process loaded Numba's compiler registries: {proc.stdout}")
+    with np.load(tmp_path / "child.npz") as child:
+        assert sorted(child.files) == sorted(here)
+        for name, value in here.items():
+            np.testing.assert_array_equal(child[name], value, err_msg=name)
+
+
+def test_every_kernel_is_made_by_dmps_njit():
+    """Every Numba kernel in dmp loads as `dmp.kernels._jit.njit` makes it (a kernel made
+    with ``numba.njit`` directly would bring back the compiler set-up on a first fit)."""
+    import importlib
+    import pkgutil
+
+    from numba.core.registry import CPUDispatcher
+
+    import dmp
+    from dmp.kernels._jit import loads_without_refresh
+
+    kernels = []
+    for info in pkgutil.walk_packages(dmp.__path__, "dmp."):
+        if info.name.endswith(("_lda_kernels", "_kernels", "_wstep")) or \
+                info.name.startswith("dmp.kernels."):
+            module = importlib.import_module(info.name)
+            kernels += [(info.name, name) for name, obj in vars(module).items()
+                        if isinstance(obj, CPUDispatcher) and obj.__module__ == info.name
+                        and not loads_without_refresh(obj)]
+    assert kernels == []

@@ -40,7 +40,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+
+from dmp.kernels._jit import njit
 
 
 def pair_dtype(n_topics: int, max_doc_len: int):

@@ -12,7 +12,8 @@ constant, at O(L^2) rather than O(D L) per evaluation.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from dmp.kernels._jit import njit
 
 _M1 = np.uint64(0x5555555555555555)
 _M2 = np.uint64(0x3333333333333333)

@@ -10,7 +10,8 @@ worker left it).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from dmp.kernels._jit import njit
 
 
 @njit(cache=True, nogil=True, fastmath=True)

@@ -14,7 +14,7 @@ Conventions (shared by every kernel here):
 """
 
 import numpy as np
-from numba import njit
+from ._jit import njit
 
 
 @njit(cache=True, nogil=True)

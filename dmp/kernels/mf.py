@@ -13,7 +13,7 @@ cache lines per stored entry, whatever B is).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from ._jit import njit
 
 from .sparsify import _splitmix64
 

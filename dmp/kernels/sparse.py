@@ -1,7 +1,7 @@
 """Generic sparse-matrix kernels (no model logic)."""
 
 import numpy as np
-from numba import njit
+from ._jit import njit
 
 
 @njit(cache=True, nogil=True)

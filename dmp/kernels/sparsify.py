@@ -12,7 +12,7 @@ with ``y`` in {-1, +1}.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from ._jit import njit
 
 SQUARED = 0
 LOGISTIC = 1
