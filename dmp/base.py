@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils._param_validation import HasMethods, Interval, StrOptions
+from sklearn.utils._param_validation import HasMethods, Interval, StrOptions, make_constraint
 from sklearn.utils.validation import validate_data
 
 from .engine import resolve_backend, run
@@ -128,6 +128,34 @@ class DMPEstimator(SharedBackendMixin, BaseEstimator):
         "checkpoint_every": [Interval(numbers.Integral, 1, None, closed="left")],
         "resume": ["boolean"],
     }
+
+    @classmethod
+    def _get_param_names(cls):
+        # the constructor's signature, read once per class: `inspect.signature` on every
+        # `get_params` cost as much as a small fit's validation
+        names = cls.__dict__.get("_param_names")
+        if names is None:
+            names = tuple(super()._get_param_names())
+            type.__setattr__(cls, "_param_names", names)
+        return list(names)
+
+    def _validate_params(self):
+        """scikit-learn's parameter validation, with the class's constraints made once: a
+        valid set of parameters passes here, an invalid one is reported by scikit-learn's
+        own check (its `InvalidParameterError` and message)."""
+        constraints = self._parameter_constraints
+        made = type(self).__dict__.get("_made_constraints")
+        if made is None or made[0] is not constraints:
+            made = (constraints, {name: [make_constraint(c) for c in options]
+                                  for name, options in constraints.items()
+                                  if options != "no_validation"})
+            type.__setattr__(type(self), "_made_constraints", made)
+        for name, value in self.get_params(deep=False).items():
+            options = made[1].get(name)
+            if options is not None and not any(c.is_satisfied_by(value) for c in options):
+                super()._validate_params()
+                raise AssertionError(f"{name}={value!r} satisfies none of its constraints, "
+                                     f"yet scikit-learn's validation passed it")
 
     def _expected_failed_checks(self) -> dict:
         """``{check name: reason}`` of the scikit-learn estimator checks this estimator

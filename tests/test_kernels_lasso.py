@@ -321,10 +321,19 @@ def test_priority_sample_takes_all_moving_then_uniform(k):
             assert set(moving.tolist()) <= set(out.tolist())
         else:
             assert len(out) == k
-    # settled variables beyond the moving set are drawn uniformly
+
+
+@pytest.mark.parametrize("p", [200, 6000])   # the floor's keyed draw / its rejection draw
+def test_priority_sample_draws_settled_variables_uniformly(p):
+    """Settled variables beyond the moving set are drawn uniformly, without repeats."""
+    rng = np.random.default_rng(0)
+    prio = np.zeros(p)
+    moving = rng.choice(p, 20, replace=False)
+    prio[moving] = rng.exponential(1.0, 20)
     counts = np.zeros(p)
     for _ in range(3000):
         out = priority_sample(prio, 1e-3, 30, rng)
+        assert len(np.unique(out)) == 30 and set(moving.tolist()) <= set(out.tolist())
         counts[out] += 1
     dead = np.setdiff1d(np.arange(p), moving)
     assert chisquare(counts[dead]).pvalue > 1e-3

@@ -289,7 +289,8 @@ def test_one_sweep_rounds_check_the_gap_once_the_working_set_is_solved(P):
     prog = LassoProgram(ds, alpha=alpha, fit_intercept=False, schedule="priority",
                         schedule_size=900, eta=1e-3, rho=None, oversample=2.0, tol=1e-8,
                         check_every=10**9, refresh_every=10, seed=0, inner_sweeps=1)
-    res = run(prog, LocalBackend(P), max_iter=400)
+    # (340-590 rounds over seeds 0-3 at P = 1 and 2: the budget has room for any of them)
+    res = run(prog, LocalBackend(P), max_iter=1000)
     assert res.converged
     kinds = [h["kind"] for h in res.history]
     n_gap = kinds.count("gap")

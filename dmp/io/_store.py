@@ -91,6 +91,8 @@ def _balanced_bounds(weights: np.ndarray, n_parts: int) -> np.ndarray:
     m = len(weights)
     if not 1 <= n_parts <= m:
         raise ValueError(f"cannot split {plural(m, 'item')} into {n_parts} non-empty parts")
+    if n_parts == 1:
+        return np.array([0, m], dtype=np.int64)
     cum = np.concatenate([[0.0], np.cumsum(weights)])
     total = cum[-1]
     if total <= 0:

@@ -285,7 +285,8 @@ class InMemorySparseDataset:
     def __init__(self, X, y, n_shards: int = 1):
         # no copy of an input that is already canonical float64 CSC without stored zeros
         # (a copy, never an in-place change of the caller's matrix, otherwise)
-        X = sp.csc_matrix(X, dtype=np.float64)
+        if type(X) is not sp.csc_matrix or X.dtype != np.float64:
+            X = sp.csc_matrix(X, dtype=np.float64)
         if not X.has_canonical_format or (X.nnz and not np.all(X.data)):
             X = X.copy()
             X.sum_duplicates()

@@ -29,4 +29,6 @@ def dense_to_compressed(X, fmt: str):
     # digests see the dtypes)
     index_dtype = np.int32 if pointer * outer < 2**31 else np.int64
     indptr = np.arange(0, pointer * outer + 1, pointer, dtype=index_dtype)
-    return cls((data, index, indptr), shape=(n, p), copy=False)
+    out = cls((data, index, indptr), shape=(n, p), copy=False)
+    out.has_canonical_format = True   # sorted, no duplicates: as built (scipy checks otherwise)
+    return out

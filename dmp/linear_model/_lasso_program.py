@@ -54,6 +54,8 @@ _INNER_GAP_FRACTION = 0.1
 # quantiles (min, quartiles, max) of the scheduled variables' priorities, per round
 _PRIORITY_QUANTILES = (0.0, 0.25, 0.5, 0.75, 1.0)
 _NO_QUANTILES = [float("nan")] * 5
+# up to this many variables at zero priority, the floor's draw keys each of them
+_KEYED_DEAD_DRAW = 4096
 # at most about this many scheduled priorities enter the per-round quantiles
 _QUANTILE_SAMPLE = 4096
 
@@ -85,8 +87,9 @@ def priority_sample(prio, floor, k, rng):
     variables with positive priority fit in ``k`` they are all taken (inclusion probability
     capped at one) and the remainder is drawn from the floor: those variables share one
     weight, so the smallest of their keys are generated directly as exponential order
-    statistics (Renyi's representation) and the chosen ones are a uniform random subset.
-    Cost O(#positive + k) plus one vectorised scan, not O(p) random draws.
+    statistics (Renyi's representation) and the chosen ones are a uniform random subset:
+    by a uniform key each when they are few (`_KEYED_DEAD_DRAW`), else by rejection.  Cost
+    O(#positive + k) plus one vectorised scan, not O(p) random draws, on large problems.
     """
     p = len(prio)
     k = min(k, p)
@@ -112,7 +115,13 @@ def priority_sample(prio, floor, k, rng):
         c = int(np.count_nonzero(top >= len(live)))
     if c == 0:
         return chosen_live
-    if n_dead == p:
+    if n_dead <= _KEYED_DEAD_DRAW:
+        # few enough to give each a uniform key: the c smallest are a uniform subset (one
+        # pass, against the rejection loop's several numpy calls)
+        dead = np.flatnonzero(prio == 0)
+        if c < n_dead:
+            dead = dead[np.argpartition(rng.random(n_dead), c - 1)[:c]]
+    elif n_dead == p:
         dead = rng.choice(p, size=c, replace=False)
     else:
         is_live = np.zeros(p, dtype=bool)
