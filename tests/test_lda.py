@@ -69,7 +69,7 @@ def test_one_draw_follows_the_exact_conditional(sampler, Kt):
         args = (0, 1, np.array([3], np.int32), np.array([0], np.int32), z, nw, nk,
                 np.array([g]), alpha, beta, vbeta, dnz_ptr, dnz, dnz_cnt)
         if sampler == "dense":
-            kernels.sample_dense(*args, np.zeros((1, Kt)), np.empty(Kt), np.empty(Kt))
+            kernels.sample_dense(*args, np.zeros((1, Kt), dnz.dtype), np.empty(Kt), np.empty(Kt))
         elif sampler == "buckets":
             kernels.sample_buckets(*args, *bucket_scratch(Kt))
         else:

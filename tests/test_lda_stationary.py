@@ -88,7 +88,7 @@ def test_long_run_assignments_follow_the_exact_posterior(sampler):
     kernels.count_block(0, N, TOK_ROW, TOK_DOC, z, n_wk)
     n_k = n_wk.sum(axis=0).astype(np.int64)
     dnz_ptr, dnz, dnz_cnt = kernels.doc_topic_lists(TOK_DOC, z, D, K)
-    n_dk = np.zeros((D, K))
+    n_dk = np.zeros((D, K), dtype=dnz.dtype)   # as the program keeps it
     phi, buf, tree = np.empty(K), np.empty(K), np.empty(K + 1)
     wtop, wpos = np.empty(K, np.int32), np.full(K, -1, np.int32)
     wval, wtree = np.empty(K), np.empty(K + 1)

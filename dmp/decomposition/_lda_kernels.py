@@ -226,8 +226,8 @@ def sample_dense(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
     """O(K) collapsed Gibbs sweep over tokens ``[t0, t1)``: inverse CDF over the K topics in
     order (as the numpy reference), the fastest sampler at small K.
 
-    The documents' pair lists are unpacked into ``n_dk`` (a documents x topics float64
-    scratch, zero on entry and left zero) for the call, so that a token's conditional is a
+    The documents' pair lists are unpacked into ``n_dk`` (a documents x topics scratch of
+    counts, any numeric type, zero on entry and left zero) for the call, so that a token's conditional is a
     contiguous K-wide row, and packed back after it (topics in increasing order).  ``phi``
     and ``p``: K floats of scratch.
     """

@@ -456,8 +456,10 @@ class LDAProgram(Program):
                                   s["dnz_cnt"], s["phi"], s["buf"], s["tree"])
         else:
             if "n_dk" not in s:
-                # the dense sampler's documents x topics scratch (zero between calls)
-                s["n_dk"] = np.zeros((len(s["doc_len"]), self.n_topics))
+                # the dense sampler's documents x topics counts (zero between calls), in the
+                # pairs' integer type: a token reads a random document's row, and 16-bit rows
+                # are a quarter of float64's bytes
+                s["n_dk"] = np.zeros((len(s["doc_len"]), self.n_topics), dtype=s["dnz"].dtype)
             kernels.sample_dense(t0, t1, s["tok_row"], s["tok_doc"], s["z"], table, n_k, u,
                                  self.alpha, self.beta, vbeta, s["dnz_ptr"], s["dnz"],
                                  s["dnz_cnt"], s["n_dk"], s["phi"], s["buf"])
