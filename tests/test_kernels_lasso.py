@@ -121,6 +121,21 @@ def test_soft_threshold():
 
 # ----------------------------------------------------------------------------- passes
 
+@pytest.mark.parametrize("p", [1, 4, 7, 12])   # whole groups of four columns and a rest
+def test_dense_correlations_equal_the_csc_pass_bit_for_bit(p):
+    rng = np.random.default_rng(p)
+    n = 53
+    X = rng.standard_normal((n, p))
+    indptr, indices, data = _csc_parts(X)
+    assert len(data) == n * p   # every entry stored, rows in order
+    r = rng.standard_normal(n)
+    csc, dense = np.empty(p), np.empty(p)
+    kernels.correlations(indptr, indices, data, r, csc)
+    kernels.dense_correlations(data, n, r, dense)
+    np.testing.assert_array_equal(dense, csc)
+    np.testing.assert_allclose(dense, X.T @ r, rtol=1e-12, atol=1e-12)
+
+
 def test_correlations_virtual_deltas_block_matvec():
     X, y = _problem(4)
     n, p = X.shape

@@ -29,6 +29,7 @@ def warm_lasso() -> None:
     csc_column_stats(indptr, data)
     csc_check(indptr, indices, data, n)
     lasso.correlations(indptr, indices, data, r, out)
+    lasso.dense_correlations(np.ones(n * p), n, r, out)
     lasso.virtual_deltas(out, sq, w, 0.1, out.copy())
     lasso.block_matvec(indptr, indices, data, means, w, np.zeros(n))
     nnz = len(data)

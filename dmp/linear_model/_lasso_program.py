@@ -355,6 +355,7 @@ class LassoProgram(Program):
             means = np.zeros_like(col_sums)
             sq = col_sq
             r = y.astype(np.float64, copy=True)
+        full = X.nnz == n * (c1 - c0)
         return {
             "indptr": np.ascontiguousarray(X.indptr, dtype=np.int64),
             "indices": np.ascontiguousarray(X.indices, dtype=np.int32),
@@ -365,7 +366,9 @@ class LassoProgram(Program):
             "row_head": np.full(n, -1, dtype=np.int64),
             "links": (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64)),
             # every entry stored (dense input): each column is already n contiguous values
-            "full": X.nnz == n * (c1 - c0),
+            "full": full,
+            # ... and its rows in order: column j is data[j n:(j + 1) n]
+            "dense": full and X.has_canonical_format,
         }
 
     def _filter(self, s, idx, keep):
@@ -397,7 +400,10 @@ class LassoProgram(Program):
 
     def _push_gap(self, s) -> GapPartial:
         corr = np.empty(len(s["w"]))
-        kernels.correlations(s["indptr"], s["indices"], s["data"], s["r"], corr)
+        if s["dense"]:
+            kernels.dense_correlations(s["data"], s["n"], s["r"], corr)
+        else:
+            kernels.correlations(s["indptr"], s["indices"], s["data"], s["r"], corr)
         vd = np.empty_like(corr)
         kernels.virtual_deltas(corr, s["sq"], s["w"], self.alpha * s["n"], vd)
         return GapPartial(dual_norm=float(np.abs(corr).max(initial=0.0)),
@@ -705,7 +711,8 @@ class LassoProgram(Program):
     def _rebuild_sampler(self):
         """The priority floor, ``eta`` times the mean priority (refreshed at gap rounds)."""
         d = self.driver
-        mean = float(d.prio.mean()) if len(d.prio) else 0.0
+        # (numpy's mean is this sum and division, behind several microseconds of checks)
+        mean = float(d.prio.sum()) / len(d.prio) if len(d.prio) else 0.0
         d.floor = self.eta * mean if mean > 0 else 1.0
 
     def _gap(self, r, l1, dual_norm):
