@@ -121,6 +121,31 @@ def test_soft_threshold():
 
 # ----------------------------------------------------------------------------- passes
 
+@pytest.mark.parametrize("n", [53, 64])   # rows in whole groups of four, and a rest
+def test_dense_sweeps_take_the_csc_sweeps_steps(n):
+    """Columns stored whole (``dense=True``): the same coordinate descent as the CSC sweeps,
+    only each dot product summed in four interleaved parts (rounding-level differences)."""
+    rng = np.random.default_rng(n)
+    p = 9
+    X = rng.standard_normal((n, p))
+    indptr, indices, data = _csc_parts(X)
+    y = X[:, :3] @ np.array([1.0, -2.0, 0.5]) + 0.1 * rng.standard_normal(n)
+    sq, means, sums = (X ** 2).sum(axis=0), np.zeros(p), X.sum(axis=0)
+    idx = np.array([4, 0, 2, 1, 8], dtype=np.int64)
+    out = {}
+    for dense in (False, True):
+        w, r, delta = np.zeros(p), y.copy(), np.empty(len(idx))
+        done = kernels.cd_sweeps(indptr, indices, data, sq, means, sums, w, r, idx, 2.0, 30,
+                                 1e-10, delta, dense)
+        out[dense] = (w, r, delta, done)
+    (w0, r0, d0, n0), (w1, r1, d1, n1) = out[False], out[True]
+    assert n0 == n1 and np.count_nonzero(w1) >= 3
+    np.testing.assert_allclose(w1, w0, rtol=1e-11, atol=1e-13)
+    np.testing.assert_allclose(d1, d0, rtol=1e-11, atol=1e-13)
+    # the residual stays the true one
+    np.testing.assert_allclose(r1, y - X @ w1, rtol=1e-11, atol=1e-11)
+
+
 @pytest.mark.parametrize("p", [1, 4, 7, 12])   # whole groups of four columns and a rest
 def test_dense_correlations_equal_the_csc_pass_bit_for_bit(p):
     rng = np.random.default_rng(p)

@@ -30,6 +30,10 @@ def warm_lasso() -> None:
     csc_check(indptr, indices, data, n)
     lasso.correlations(indptr, indices, data, r, out)
     lasso.dense_correlations(np.ones(n * p), n, r, out)
+    full = np.arange(0, n * p + 1, n, dtype=np.int64)
+    lasso.cd_sweep(full, indices, np.ones(n * p), sq, means, sums, w, r, idx, 0.1, out, True)
+    lasso.cd_sweeps(full, indices, np.ones(n * p), sq, means, sums, w, r, idx, 0.1, 2, 1e-6,
+                    out, True)
     lasso.virtual_deltas(out, sq, w, 0.1, out.copy())
     lasso.block_matvec(indptr, indices, data, means, w, np.zeros(n))
     nnz = len(data)

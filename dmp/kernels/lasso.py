@@ -27,8 +27,30 @@ def soft_threshold(a, t):
     return 0.0
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _dense_dot(data, start, r):
+    """``data[start:start + n] . r`` (``n = len(r)``) as four interleaved partial sums added
+    in a fixed order: four chains of additions in flight instead of one, and the same
+    rounding on every machine (no reassociation left to the compiler)."""
+    n = r.shape[0]
+    m = n - n % 4
+    a0 = 0.0
+    a1 = 0.0
+    a2 = 0.0
+    a3 = 0.0
+    for i in range(0, m, 4):
+        a0 += data[start + i] * r[i]
+        a1 += data[start + i + 1] * r[i + 1]
+        a2 += data[start + i + 2] * r[i + 2]
+        a3 += data[start + i + 3] * r[i + 3]
+    for i in range(m, n):
+        a0 += data[start + i] * r[i]
+    return (a0 + a1) + (a2 + a3)
+
+
 @njit(cache=True, nogil=True)
-def cd_sweep(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha_n, delta_out):
+def cd_sweep(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha_n, delta_out,
+             dense=False):
     """Sequential (Gauss-Seidel) coordinate descent over the local columns ``idx``.
 
     Updates ``w`` and ``r`` in place; ``r`` must hold the true (centred) residual on entry and
@@ -46,6 +68,10 @@ def cd_sweep(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha_
         ``n * alpha``.
     delta_out : float64[k]
         Receives ``w_new - w_old`` for each scheduled column.
+    dense : bool
+        Every column is stored whole with its rows in order (column ``j`` is
+        ``data[indptr[j]:indptr[j] + n]``): its dot product with ``r`` runs as `_dense_dot`
+        (about 3x faster; rounded differently from the one-chain sum of a sparse column).
 
     Returns
     -------
@@ -62,9 +88,12 @@ def cd_sweep(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha_
             continue
         start = indptr[j]
         stop = indptr[j + 1]
-        dot = 0.0
-        for q in range(start, stop):
-            dot += data[q] * r[indices[q]]
+        if dense:
+            dot = _dense_dot(data, start, r)
+        else:
+            dot = 0.0
+            for q in range(start, stop):
+                dot += data[q] * r[indices[q]]
         # x~_j . (r + shift) = x_j . r + shift * col_sum_j - means_j * sum(r + shift), and the
         # last sum is zero for a centred residual.
         dot += shift * col_sums[j]
@@ -74,8 +103,12 @@ def cd_sweep(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha_
         delta_out[t] = d
         if d != 0.0:
             w[j] = new
-            for q in range(start, stop):
-                r[indices[q]] -= d * data[q]
+            if dense:
+                for i in range(stop - start):
+                    r[i] -= d * data[start + i]
+            else:
+                for q in range(start, stop):
+                    r[indices[q]] -= d * data[q]
             shift += d * means[j]
             total += abs(d)
     if shift != 0.0:
@@ -248,11 +281,11 @@ def dependency_filter(indptr, indices, data, means, sq_norms, cand, max_keep, rh
 
 @njit(cache=True, nogil=True)
 def cd_sweeps(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha_n,
-              max_sweeps, rel_tol, delta_out):
+              max_sweeps, rel_tol, delta_out, dense=False):
     """Up to ``max_sweeps`` sequential sweeps of :func:`cd_sweep` over ``idx`` (a working-set
     solve), stopping early once a sweep's largest step is at most ``rel_tol`` times the
-    largest coefficient of the set.  ``delta_out`` receives the total change per column.
-    Returns the number of sweeps run."""
+    largest coefficient of the set.  ``delta_out`` receives the total change per column;
+    ``dense`` as for `cd_sweep`.  Returns the number of sweeps run."""
     k = idx.shape[0]
     w_old = np.empty(k)
     for t in range(k):
@@ -260,7 +293,8 @@ def cd_sweeps(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha
     step = np.empty(k)
     sweeps = 0
     for s in range(max_sweeps):
-        cd_sweep(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha_n, step)
+        cd_sweep(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha_n, step,
+                 dense)
         sweeps += 1
         d_max = 0.0
         w_max = 0.0

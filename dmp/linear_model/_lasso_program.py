@@ -424,14 +424,14 @@ class LassoProgram(Program):
         alpha_n = self.alpha * s["n"]
         if sweeps == 1:
             kernels.cd_sweep(s["indptr"], s["indices"], s["data"], s["sq"], s["means"],
-                       s["col_sums"], s["w"], s["r"], kept, alpha_n, delta)
+                       s["col_sums"], s["w"], s["r"], kept, alpha_n, delta, s["dense"])
             solved = False
         elif s["full"]:
             # columns stored whole are contiguous already: the sweeps read them in place
             # (the same operations on the same values as on a copy)
             done = kernels.cd_sweeps(s["indptr"], s["indices"], s["data"], s["sq"], s["means"],
                                      s["col_sums"], s["w"], s["r"], kept, alpha_n, sweeps,
-                                     plan.inner_tol, delta)
+                                     plan.inner_tol, delta, s["dense"])
             solved = done < sweeps
         else:
             # repeated sweeps over a contiguous copy of the working set: one random
