@@ -227,9 +227,9 @@ def sample_dense(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
     order (as the numpy reference), the fastest sampler at small K.
 
     The documents' pair lists are unpacked into ``n_dk`` (a documents x topics scratch of
-    counts, any numeric type, zero on entry and left zero) for the call, so that a token's conditional is a
-    contiguous K-wide row, and packed back after it (topics in increasing order).  ``phi``
-    and ``p``: K floats of scratch.
+    counts, any numeric type, zero on entry and left zero) for the call, so that a token's
+    conditional is a contiguous K-wide row, and packed back after it (topics in increasing
+    order).  ``phi`` and ``p``: K floats of scratch.
     """
     pairs_to_dense(dnz_ptr, dnz, dnz_cnt, n_dk)
     _sample_dense_rows(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta, n_dk,

@@ -2,8 +2,8 @@
 Numba's compiler set-up.
 
 Numba loads a kernel from its on-disk cache only after refreshing its whole compiler context
-(every typing and lowering registry, cffi support, the extension entry points): about 0.25-0.3 s
-of CPU once per process, most of a small first fit, which needs none of it.  What the loaded
+(every typing and lowering registry, cffi support, the extension entry points): 0.13-0.21 s of
+CPU once per process (BENCHMARKS.md), most of a small first fit, which needs none of it.  What the loaded
 code needs at run time is Numba's runtime (NRT) and the symbols it links against: those of
 Numba's helper library are registered when Numba is imported, the hash secret when
 ``numba.cpython.hashing`` is.  A kernel that is compiled (no cache yet, a new signature) still
