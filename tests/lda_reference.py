@@ -19,16 +19,19 @@ def conditional(n_dk_row, n_wk_row, n_k, alpha, beta, vbeta):
 
 
 def dense_sweep(tok_doc, tok_word, z, n_dk, n_wk, n_k, u, alpha, beta, vbeta):
-    """One O(K) sweep in token order (``u`` one uniform per token)."""
+    """One O(K) sweep in token order (``u`` one uniform per token); each token's inverse CDF
+    runs over its old topic first, then the others in topic order."""
     Kt = n_k.shape[0]
     for i in range(len(tok_doc)):
         d, w, k = tok_doc[i], tok_word[i], z[i]
         n_dk[d, k] -= 1
         n_wk[w, k] -= 1
         n_k[k] -= 1
-        cdf = np.cumsum(conditional(n_dk[d], n_wk[w], n_k, alpha, beta, vbeta))
+        # the old topic first, then the others in topic order
+        order = np.concatenate([[k], np.delete(np.arange(Kt), k)])
+        cdf = np.cumsum(conditional(n_dk[d], n_wk[w], n_k, alpha, beta, vbeta)[order])
         hit = np.flatnonzero(u[i] * cdf[-1] < cdf)
-        k = int(hit[0]) if len(hit) else Kt - 1
+        k = int(order[hit[0]]) if len(hit) else Kt - 1
         z[i] = k
         n_dk[d, k] += 1
         n_wk[w, k] += 1
