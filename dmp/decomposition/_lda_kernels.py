@@ -186,6 +186,11 @@ def _sample_dense_rows(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, v
                        n_dk, phi, p):
     K = n_k.shape[0]
     w_prev = -1
+    # the current document's K products with every token counted, and their total: a
+    # word's tokens of one document come one after another, and while they keep their
+    # topics neither changes
+    d_summed = -1
+    total_with = 0.0
     for i in range(t0, t1):
         d = tok_doc[i]
         w = tok_row[i]
@@ -196,25 +201,29 @@ def _sample_dense_rows(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, v
             for j in range(K):
                 phi[j] = (n_wk[w, j] + beta) / (n_k[j] + vbeta)
             w_prev = w
+            d_summed = -1
         # the token's old topic without the token (the counts themselves change only if
         # it moves: most tokens keep their topic once the chain has mixed, and then nothing
         # is written)
         phi_old = (n_wk[w, k_old] - 1 + beta) / (n_k[k_old] - 1 + vbeta)
         p_old = (n_dk[d, k_old] - 1 + alpha) * phi_old
-        # the unnormalised conditional and its total: K independent products and a sum,
-        # which vectorise (the old topic's term with the token, replaced after)
-        total = 0.0
-        for j in range(K):
-            q = (n_dk[d, j] + alpha) * phi[j]
-            p[j] = q
-            total += q
-        total += p_old - p[k_old]
+        if d != d_summed:
+            # the unnormalised conditional: K independent products and their total, which
+            # vectorise (the old topic's term with the token, replaced below)
+            total_with = 0.0
+            for j in range(K):
+                q = (n_dk[d, j] + alpha) * phi[j]
+                p[j] = q
+                total_with += q
+            d_summed = d
+        total = total_with + (p_old - p[k_old])
         # the inverse CDF with the old topic first, then the others in topic order: a
         # token that keeps its topic ends the serial search (the cost growing with K) at
         # its first step
         target = u[i - t0] * total
         if target < p_old:
             continue
+        d_summed = -1
         acc = p_old
         p[k_old] = 0.0
         k = K - 1
@@ -765,27 +774,35 @@ def rows_into_columns(piece, cols, out):
                     out[k, c] = piece[i, k]
 
 
+#: `word_loglik` tallies the counts below this and prices each distinct one once
+_TALLIED_COUNTS = 1024
+
+
 @njit(cache=True, nogil=True)
 def word_loglik(n_wk, beta):
-    """sum over the block's rows and topics of lgG(n_wk + b) - lgG(b) (nonzeros only)."""
+    """sum over the block's rows and topics of lgG(n_wk + b) - lgG(b) (nonzeros only).
+
+    The counts below `_TALLIED_COUNTS` are tallied (four tallies by column, so that runs of
+    zeros do not wait on each other's increments) and each distinct count's term is
+    computed once; the sum depends only on which counts occur, not on their order or on
+    the zeros between them, so a packed block scores exactly as its dense form."""
     lg_b = math.lgamma(beta)
     R, K = n_wk.shape
-    largest = 0
+    tally = np.zeros((4, _TALLIED_COUNTS), dtype=np.int64)
+    large = 0.0
     for r in range(R):
         for k in range(K):
-            largest = max(largest, np.int64(n_wk[r, k]))
-    table = _lgamma_table(beta, min(LGAMMA_TABLE_SIZE, largest + 1))
-    total = 0.0
-    n = table.shape[0]
-    for r in range(R):
-        for k in range(K):
-            # zeros add table[0] = 0 exactly: no unpredictable branch on them
             c = n_wk[r, k]
-            if c < n:
-                total += table[c]
+            if c < _TALLIED_COUNTS:
+                tally[k & 3, c] += 1
             else:
-                total += math.lgamma(c + beta) - lg_b
-    return total
+                large += math.lgamma(c + beta) - lg_b
+    total = 0.0
+    for c in range(1, _TALLIED_COUNTS):
+        m = tally[0, c] + tally[1, c] + tally[2, c] + tally[3, c]
+        if m != 0:
+            total += m * (math.lgamma(c + beta) - lg_b)
+    return total + large
 
 
 @njit(cache=True, nogil=True)
