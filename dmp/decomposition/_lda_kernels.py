@@ -185,6 +185,11 @@ def dense_to_pairs(n_dk, dnz_ptr, dnz, dnz_cnt):
 def _sample_dense_rows(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
                        n_dk, phi, p):
     K = n_k.shape[0]
+    # 1 / (n_k + V beta), which changes only when a token moves: a new word's phi is then
+    # K products, not K divisions (a word has few tokens in a small corpus)
+    inv = np.empty(K)
+    for j in range(K):
+        inv[j] = 1.0 / (n_k[j] + vbeta)
     w_prev = -1
     # the current document's K products with every token counted, and their total: a
     # word's tokens of one document come one after another, and while they keep their
@@ -199,7 +204,7 @@ def _sample_dense_rows(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, v
             # new word: phi_k = (n_wk + beta) / (n_k + V beta), then kept up to date with
             # the two changes of each token
             for j in range(K):
-                phi[j] = (n_wk[w, j] + beta) / (n_k[j] + vbeta)
+                phi[j] = (n_wk[w, j] + beta) * inv[j]
             w_prev = w
             d_summed = -1
         # the token's old topic without the token (the counts themselves change only if
@@ -236,11 +241,13 @@ def _sample_dense_rows(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, v
         n_dk[d, k_old] -= 1
         n_wk[w, k_old] -= 1
         n_k[k_old] -= 1
+        inv[k_old] = 1.0 / (n_k[k_old] + vbeta)
         phi[k_old] = phi_old
         n_dk[d, k] += 1
         n_wk[w, k] += 1
         n_k[k] += 1
-        phi[k] = (n_wk[w, k] + beta) / (n_k[k] + vbeta)
+        inv[k] = 1.0 / (n_k[k] + vbeta)
+        phi[k] = (n_wk[w, k] + beta) * inv[k]
 
 
 @njit(cache=True, nogil=True)
