@@ -597,6 +597,22 @@ def test_word_score_is_lgamma_over_the_counts_in_any_layout(dtype):
     assert kernels.word_loglik(np.ascontiguousarray(block.T), beta) == got
 
 
+def test_a_lone_partition_scores_its_words_through_its_tokens():
+    """The word score found through the tokens equals the whole block's bit for bit, and
+    gives way (NaN) when a count is past the tallied range."""
+    X, _, _ = lda_corpus(n_docs=60, n_words=80, n_topics=5, doc_len=40)
+    tok_doc, tok_row, _, z = _serial_tokens(X, 7, seed=3)
+    n_wk = np.zeros((X.shape[1], 7), dtype=np.int32)
+    np.add.at(n_wk, (tok_row, z), 1)
+    assert np.count_nonzero(n_wk) < n_wk.size          # rows with zeros between their counts
+    got = kernels.word_loglik_of_tokens(n_wk, 0.05, 0, len(z), tok_row, z.astype(np.int32))
+    assert got == kernels.word_loglik(n_wk, 0.05)
+    heavy = n_wk.copy()
+    heavy[tok_row[0], z[0]] = 5000
+    assert np.isnan(kernels.word_loglik_of_tokens(heavy, 0.05, 0, len(z), tok_row,
+                                                  z.astype(np.int32)))
+
+
 # ---------------------------------------------------------------- input and conventions
 @pytest.mark.parametrize("X, match", [
     (sp.csr_matrix(np.array([[1.0, 2.0], [0.0, 0.0]])), "empty document"),

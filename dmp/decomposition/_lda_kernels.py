@@ -786,6 +786,19 @@ _TALLIED_COUNTS = 1024
 
 
 @njit(cache=True, nogil=True)
+def _priced_tally(tally, beta):
+    """sum over the tallied counts c >= 1 of (how many) x (lgG(c + b) - lgG(b)), in
+    increasing c."""
+    lg_b = math.lgamma(beta)
+    total = 0.0
+    for c in range(1, tally.shape[1]):
+        m = tally[0, c] + tally[1, c] + tally[2, c] + tally[3, c]
+        if m != 0:
+            total += m * (math.lgamma(c + beta) - lg_b)
+    return total
+
+
+@njit(cache=True, nogil=True)
 def word_loglik(n_wk, beta):
     """sum over the block's rows and topics of lgG(n_wk + b) - lgG(b) (nonzeros only).
 
@@ -804,12 +817,29 @@ def word_loglik(n_wk, beta):
                 tally[k & 3, c] += 1
             else:
                 large += math.lgamma(c + beta) - lg_b
-    total = 0.0
-    for c in range(1, _TALLIED_COUNTS):
-        m = tally[0, c] + tally[1, c] + tally[2, c] + tally[3, c]
-        if m != 0:
-            total += m * (math.lgamma(c + beta) - lg_b)
-    return total + large
+    return _priced_tally(tally, beta) + large
+
+
+@njit(cache=True, nogil=True)
+def word_loglik_of_tokens(n_wk, beta, t0, t1, tok_row, z):
+    """`word_loglik` of a block whose tokens are all ``[t0, t1)`` (one partition holds the
+    whole corpus), found through them: a row's nonzero counts are at its tokens' topics, so
+    the work is O(tokens), not O(rows x K).  The same value bit for bit; NaN when a count
+    reaches `_TALLIED_COUNTS` (the caller then scores the whole block)."""
+    K = n_wk.shape[1]
+    tally = np.zeros((4, _TALLIED_COUNTS), dtype=np.int64)
+    # the last row each topic was tallied for (tokens come grouped by row)
+    seen = np.full(K, -1, dtype=np.int64)
+    for i in range(t0, t1):
+        r = tok_row[i]
+        k = z[i]
+        if seen[k] != r:
+            seen[k] = r
+            c = n_wk[r, k]
+            if c >= _TALLIED_COUNTS:
+                return np.nan
+            tally[k & 3, c] += 1
+    return _priced_tally(tally, beta)
 
 
 @njit(cache=True, nogil=True)

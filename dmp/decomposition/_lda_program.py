@@ -468,9 +468,18 @@ class LDAProgram(Program):
         if plan.last:
             partial["ll_doc"] = kernels.doc_loglik(s["doc_len"], self.n_topics, self.alpha,
                                              s["dnz_ptr"], s["dnz"], s["dnz_cnt"])
-            # (a packed block's values in the dense block's order: the same sum)
-            partial["ll_word"] = kernels.word_loglik(
-                table["val"].reshape(1, -1) if isinstance(table, dict) else table, self.beta)
+            ll_word = np.nan
+            if s["P"] == 1 and not isinstance(table, dict):
+                # a lone partition holds every token of its block: its rows' nonzeros are
+                # found through them (O(tokens), not O(words x K))
+                ll_word = kernels.word_loglik_of_tokens(table, self.beta, t0, t1,
+                                                        s["tok_row"], s["z"])
+            if np.isnan(ll_word):
+                # (a packed block's nonzeros score as its dense form)
+                ll_word = kernels.word_loglik(
+                    table["val"].reshape(1, -1) if isinstance(table, dict) else table,
+                    self.beta)
+            partial["ll_word"] = ll_word
             # when the sweep ended here (wall clock, comparable across the workers): the
             # driver scores batched rounds after the batch, so its own clock cannot say
             partial["t_end"] = time.time()
