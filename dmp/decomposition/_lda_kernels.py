@@ -833,12 +833,12 @@ def word_loglik_of_tokens(n_wk, beta, t0, t1, tok_row, z):
     for i in range(t0, t1):
         r = tok_row[i]
         k = z[i]
-        if seen[k] != r:
-            seen[k] = r
-            c = n_wk[r, k]
-            if c >= _TALLIED_COUNTS:
-                return np.nan
-            tally[k & 3, c] += 1
+        c = n_wk[r, k]
+        if c >= _TALLIED_COUNTS:
+            return np.nan
+        # (no branch on the topic seen before: which one it is, is random)
+        tally[k & 3, c] += seen[k] != r
+        seen[k] = r
     return _priced_tally(tally, beta)
 
 
