@@ -146,13 +146,23 @@ def test_one_worker_equals_the_serial_reference(sampler, Kt):
 
 
 def test_auto_takes_the_dense_sampler_at_small_k_and_buckets_at_large_k():
+    """Dense up to DENSE_ANY_LENGTH_TOPICS, and up to DENSE_MAX_TOPICS where the documents
+    are long enough (at least K / 2 tokens on average); sparse, then buckets, above."""
+    picked = {}
+    for doc_len in (10, 120):
+        X, _, _ = lda_corpus(n_docs=20, n_words=30, n_topics=3, doc_len=doc_len)
+        ds = InMemorySparseRowDataset(X, np.zeros(20), n_shards=1)
+        picked[doc_len] = [
+            LDAProgram(ds, n_topics=K, alpha=0.1, beta=0.1, n_sweeps=1, sampler="auto",
+                       seed=0).sampler
+            for K in (2, kernels.DENSE_ANY_LENGTH_TOPICS, kernels.DENSE_ANY_LENGTH_TOPICS + 1,
+                      kernels.DENSE_MAX_TOPICS, kernels.DENSE_MAX_TOPICS + 1,
+                      kernels.BUCKETS_MIN_TOPICS - 1, kernels.BUCKETS_MIN_TOPICS)]
+    assert picked[10] == ["dense", "dense", "sparse", "sparse", "sparse", "sparse", "buckets"]
+    assert picked[120] == ["dense", "dense", "dense", "dense", "sparse", "sparse", "buckets"]
+    # a store without word frequencies (lengths unknown): dense only where any length is
+    assert kernels.pick_sampler(kernels.DENSE_MAX_TOPICS, None) == "sparse"
     X, _, _ = lda_corpus(n_docs=20, n_words=30, n_topics=3, doc_len=10)
-    ds = InMemorySparseRowDataset(X, np.zeros(20), n_shards=1)
-    picked = {K: LDAProgram(ds, n_topics=K, alpha=0.1, beta=0.1, n_sweeps=1, sampler="auto",
-                            seed=0).sampler
-              for K in (2, kernels.DENSE_MAX_TOPICS, kernels.DENSE_MAX_TOPICS + 1,
-                        kernels.BUCKETS_MIN_TOPICS - 1, kernels.BUCKETS_MIN_TOPICS)}
-    assert list(picked.values()) == ["dense", "dense", "sparse", "sparse", "buckets"]
     est = LatentDirichletAllocation(3, max_iter=2, backend="local", random_state=0).fit(X)
     assert est.sampler == "auto" and np.isfinite(est.log_likelihood_)
 

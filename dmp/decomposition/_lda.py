@@ -102,8 +102,9 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         in the document, and O(K) per word; ``"dense"``: O(K) per token, vectorised over
         the topics (the faster one at small K); ``"buckets"``: SparseLDA's three buckets in
         word order, no O(K) arithmetic per word (the faster one at large K, and on many
-        workers, each of which samples every word once a sweep); ``"auto"``: dense up to 200
-        topics, sparse below 1,000, buckets from 1,000.  All draw from the same conditional
+        workers, each of which samples every word once a sweep); ``"auto"``: dense up to 50
+        topics (up to 200 where documents hold at least K / 2 tokens on average), sparse
+        below 1,000, buckets from 1,000.  All draw from the same conditional
         distribution.
     transform_max_iter : int, default 50
         Gibbs fold-in sweeps of `transform` (the second half is averaged).

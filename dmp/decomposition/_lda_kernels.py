@@ -133,14 +133,23 @@ def count_block(t0, t1, tok_row, tok_doc, z, n_wk):
 
 #: up to this many topics ``sampler="auto"`` takes the dense sampler: its O(K) per token,
 #: vectorised over the topics, with most tokens' searches ending at their old topic, beats
-#: the sparse sampler's O(K_d) with its branches up to K = 200 on four corpora
-#: (BENCHMARKS.md, "LDA at small K")
+#: the sparse sampler's O(K_d) with its branches up to K = 200 on four corpora of 90-270
+#: tokens a document (BENCHMARKS.md, "LDA at small K") ...
 DENSE_MAX_TOPICS = 200
+#: ... and whatever the documents' length up to this many; between the two only where the
+#: mean document holds at least K / 2 tokens (a short document's few topics are the sparse
+#: sampler's whole cost, while the dense one pays K per token and a documents x K scratch)
+DENSE_ANY_LENGTH_TOPICS = 50
 
-def pick_sampler(n_topics: int) -> str:
-    """``sampler="auto"``'s choice: ``"dense"`` up to `DENSE_MAX_TOPICS` topics, else
-    ``"sparse"`` below `BUCKETS_MIN_TOPICS`, else ``"buckets"``."""
-    if n_topics <= DENSE_MAX_TOPICS:
+
+def pick_sampler(n_topics: int, mean_doc_len: float | None = None) -> str:
+    """``sampler="auto"``'s choice: ``"dense"`` up to `DENSE_ANY_LENGTH_TOPICS` topics, and
+    up to `DENSE_MAX_TOPICS` where the mean document length (tokens; None: unknown) is at
+    least half the topics; else ``"sparse"`` below `BUCKETS_MIN_TOPICS`, else
+    ``"buckets"``."""
+    if n_topics <= DENSE_ANY_LENGTH_TOPICS or (
+            n_topics <= DENSE_MAX_TOPICS and mean_doc_len is not None
+            and mean_doc_len >= n_topics / 2):
         return "dense"
     return "sparse" if n_topics < BUCKETS_MIN_TOPICS else "buckets"
 

@@ -274,8 +274,14 @@ class LDAProgram(Program):
         if sampler not in ("sparse", "dense", "buckets", "auto"):
             raise ValueError(f"sampler must be 'sparse', 'dense', 'buckets' or 'auto', got "
                              f"{sampler!r}")
+        # word frequencies balance the word blocks (None: a store without them, random deal)
+        sums = dataset.column_sums() if hasattr(dataset, "column_sums") else None
+        self.word_freq = None if sums is None else np.asarray(sums, dtype=np.int64)
         if sampler == "auto":
-            sampler = kernels.pick_sampler(n_topics)
+            n_docs = int(dataset.shape[0])
+            mean_len = (float(self.word_freq.sum()) / n_docs
+                        if self.word_freq is not None and n_docs else None)
+            sampler = kernels.pick_sampler(n_topics, mean_len)
         self.dataset = dataset
         self.n_topics = int(n_topics)
         self.alpha = float(alpha)
@@ -284,9 +290,6 @@ class LDAProgram(Program):
         self.sampler = sampler
         self.seed = int(seed)
         self.n_words = int(dataset.shape[1])
-        # word frequencies balance the word blocks (None: a store without them, random deal)
-        sums = dataset.column_sums() if hasattr(dataset, "column_sums") else None
-        self.word_freq = None if sums is None else np.asarray(sums, dtype=np.int64)
 
     # ================================================================== worker side
     def _check_shards(self, X, ks) -> None:
