@@ -607,6 +607,21 @@ def test_word_score_is_lgamma_over_the_counts_in_any_layout(dtype):
     assert kernels.word_loglik(np.ascontiguousarray(block.T), beta) == got
 
 
+def test_document_score_is_lgamma_over_the_pairs():
+    """The document part of log p(w, z) against math.lgamma, with counts on both sides of
+    the tallied range."""
+    counts = [[3, 1], [1023, 1024, 1], [2000]]
+    K, alpha = 5, 0.3
+    dnz_cnt = np.array([len(c) for c in counts], dtype=np.int32)
+    dnz_ptr = np.concatenate([[0], np.cumsum(dnz_cnt)[:-1]]).astype(np.int64)
+    dnz = np.array([[k, c] for cs in counts for k, c in enumerate(cs)], dtype=np.int32)
+    doc_len = np.array([sum(c) for c in counts], dtype=np.int64)
+    want = sum(math.lgamma(K * alpha) - math.lgamma(n + K * alpha) for n in doc_len.tolist())
+    want += sum(math.lgamma(c + alpha) - math.lgamma(alpha) for cs in counts for c in cs)
+    got = kernels.doc_loglik(doc_len, K, alpha, dnz_ptr, dnz, dnz_cnt)
+    assert got == pytest.approx(want, rel=1e-12)
+
+
 def test_a_lone_partition_scores_its_words_through_its_tokens():
     """The word score found through the tokens equals the whole block's bit for bit, and
     gives way (NaN) when a count is past the tallied range."""

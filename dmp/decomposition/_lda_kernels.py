@@ -712,45 +712,24 @@ def fill_uniforms(key, out, n):
         out[i] = (_mix64(s) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
-#: counts below this read ``lgamma(c + a) - lgamma(a)`` from a table built per call (a log-
-#: likelihood evaluates it for every nonzero count; the table is exact, so the sum is too)
-LGAMMA_TABLE_SIZE = 4096
-
-
-@njit(cache=True, nogil=True)
-def _lgamma_table(a, n):
-    """``t[c] = lgamma(c + a) - lgamma(a)`` for ``c < n``."""
-    lg_a = math.lgamma(a)
-    t = np.empty(n)
-    for c in range(n):
-        t[c] = math.lgamma(c + a) - lg_a
-    return t
-
-
 @njit(cache=True, nogil=True)
 def doc_loglik(doc_len, n_topics, alpha, dnz_ptr, dnz, dnz_cnt):
-    """sum_d [lgG(K a) - lgG(N_d + K a) + sum_k (lgG(n_dk + a) - lgG(a))] (nonzeros only)."""
+    """sum_d [lgG(K a) - lgG(N_d + K a) + sum_k (lgG(n_dk + a) - lgG(a))] (nonzeros only;
+    the counts priced through a tally, as in `word_loglik`)."""
     lg_a = math.lgamma(alpha)
     lg_ka = math.lgamma(n_topics * alpha)
-    # the table only as long as the largest count (a 4096-entry one costs as much as
-    # sampling a small corpus's sweep)
-    largest = 0
-    for d in range(doc_len.shape[0]):
-        base = dnz_ptr[d]
-        for j in range(dnz_cnt[d]):
-            largest = max(largest, np.int64(dnz[base + j, 1]))
-    table = _lgamma_table(alpha, min(LGAMMA_TABLE_SIZE, largest + 1))
+    tally = _empty_tally()
     total = 0.0
     for d in range(doc_len.shape[0]):
         total += lg_ka - math.lgamma(doc_len[d] + n_topics * alpha)
         base = dnz_ptr[d]
         for j in range(dnz_cnt[d]):
             c = dnz[base + j, 1]
-            if c < table.shape[0]:
-                total += table[c]
+            if c < _TALLIED_COUNTS:
+                tally[(base + j) & 3, c] += 1
             else:
                 total += math.lgamma(c + alpha) - lg_a
-    return total
+    return total + _priced_tally(tally, alpha)
 
 
 @njit(cache=True, nogil=True)
@@ -790,20 +769,28 @@ def rows_into_columns(piece, cols, out):
                     out[k, c] = piece[i, k]
 
 
-#: `word_loglik` tallies the counts below this and prices each distinct one once
+#: the scores (`word_loglik`, `doc_loglik`) tally the counts below this and price each
+#: distinct one once
 _TALLIED_COUNTS = 1024
 
 
 @njit(cache=True, nogil=True)
-def _priced_tally(tally, beta):
-    """sum over the tallied counts c >= 1 of (how many) x (lgG(c + b) - lgG(b)), in
+def _empty_tally():
+    """Four tallies of the counts below `_TALLIED_COUNTS` (filled by position, so that runs
+    of one count do not wait on each other's increments)."""
+    return np.zeros((4, _TALLIED_COUNTS), dtype=np.int64)
+
+
+@njit(cache=True, nogil=True)
+def _priced_tally(tally, prior):
+    """sum over the tallied counts c >= 1 of (how many) x (lgG(c + prior) - lgG(prior)), in
     increasing c."""
-    lg_b = math.lgamma(beta)
+    lg_p = math.lgamma(prior)
     total = 0.0
     for c in range(1, tally.shape[1]):
         m = tally[0, c] + tally[1, c] + tally[2, c] + tally[3, c]
         if m != 0:
-            total += m * (math.lgamma(c + beta) - lg_b)
+            total += m * (math.lgamma(c + prior) - lg_p)
     return total
 
 
@@ -811,13 +798,12 @@ def _priced_tally(tally, beta):
 def word_loglik(n_wk, beta):
     """sum over the block's rows and topics of lgG(n_wk + b) - lgG(b) (nonzeros only).
 
-    The counts below `_TALLIED_COUNTS` are tallied (four tallies by column, so that runs of
-    zeros do not wait on each other's increments) and each distinct count's term is
-    computed once; the sum depends only on which counts occur, not on their order or on
-    the zeros between them, so a packed block scores exactly as its dense form."""
+    The counts below `_TALLIED_COUNTS` are tallied (`_empty_tally`) and each distinct
+    count's term is computed once; the sum depends only on which counts occur, not on their
+    order or on the zeros between them, so a packed block scores exactly as its dense form."""
     lg_b = math.lgamma(beta)
     R, K = n_wk.shape
-    tally = np.zeros((4, _TALLIED_COUNTS), dtype=np.int64)
+    tally = _empty_tally()
     large = 0.0
     for r in range(R):
         for k in range(K):
@@ -836,7 +822,7 @@ def word_loglik_of_tokens(n_wk, beta, t0, t1, tok_row, z):
     the work is O(tokens), not O(rows x K).  The same value bit for bit; NaN when a count
     reaches `_TALLIED_COUNTS` (the caller then scores the whole block)."""
     K = n_wk.shape[1]
-    tally = np.zeros((4, _TALLIED_COUNTS), dtype=np.int64)
+    tally = _empty_tally()
     # the last row each topic was tallied for (tokens come grouped by row)
     seen = np.full(K, -1, dtype=np.int64)
     for i in range(t0, t1):
