@@ -22,16 +22,18 @@ def dense_sweep(tok_doc, tok_word, z, n_dk, n_wk, n_k, u, alpha, beta, vbeta):
     """One O(K) sweep in token order (``u`` one uniform per token); each token's inverse CDF
     runs over its old topic first, then the others in topic order."""
     Kt = n_k.shape[0]
+    # the old topic first, then the others in topic order
+    orders = [np.concatenate([[k], np.delete(np.arange(Kt), k)]) for k in range(Kt)]
     for i in range(len(tok_doc)):
         d, w, k = tok_doc[i], tok_word[i], z[i]
         n_dk[d, k] -= 1
         n_wk[w, k] -= 1
         n_k[k] -= 1
-        # the old topic first, then the others in topic order
-        order = np.concatenate([[k], np.delete(np.arange(Kt), k)])
+        order = orders[k]
         cdf = np.cumsum(conditional(n_dk[d], n_wk[w], n_k, alpha, beta, vbeta)[order])
-        hit = np.flatnonzero(u[i] * cdf[-1] < cdf)
-        k = int(order[hit[0]]) if len(hit) else Kt - 1
+        # the first interval whose upper end lies above the uniform's point
+        j = int(np.searchsorted(cdf, u[i] * cdf[-1], side="right"))
+        k = int(order[j]) if j < Kt else Kt - 1
         z[i] = k
         n_dk[d, k] += 1
         n_wk[w, k] += 1
