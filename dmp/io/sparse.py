@@ -316,13 +316,18 @@ class InMemorySparseDataset:
         return np.diff(self._X.indptr[self.col_bounds])
 
     def load_shards(self, ks):
-        """Columns of shards ``ks`` as a CSC matrix sharing ``indices``/``data`` (views)."""
+        """Columns of shards ``ks`` as a CSC matrix sharing ``indices``/``data`` (views; the
+        matrix itself when ``ks`` are all its shards)."""
         c0, c1 = int(self.col_bounds[ks[0]]), int(self.col_bounds[ks[-1] + 1])
         X = self._X
+        if c0 == 0 and c1 == X.shape[1] and X.indices.dtype == X.indptr.dtype == np.int32:
+            return X   # (scikit-learn's index dtypes already: `test_sklearn_shards`)
         s, e = int(X.indptr[c0]), int(X.indptr[c1])
         indptr = (X.indptr[c0:c1 + 1] - s).astype(np.int64)
-        return sp.csc_matrix((X.data[s:e], X.indices[s:e], indptr),
-                             shape=(X.shape[0], c1 - c0), copy=False)
+        M = sp.csc_matrix((X.data[s:e], X.indices[s:e], indptr),
+                          shape=(X.shape[0], c1 - c0), copy=False)
+        M.has_canonical_format = True   # columns of a canonical matrix (scipy checks otherwise)
+        return M
 
     def column_partition(self, n_parts: int) -> list[list[int]]:
         return partition_shards(self.shard_nnz(), n_parts)

@@ -36,8 +36,8 @@ from ..kernels import lasso as kernels
 
 def _encode(vec: np.ndarray):
     """Residual changes are sparse without an intercept: send (indices, values) when it pays."""
-    nz = np.flatnonzero(vec)
-    if 3 * len(nz) < len(vec):
+    if 3 * np.count_nonzero(vec) < len(vec):
+        nz = np.flatnonzero(vec)
         return ("sparse", nz.astype(np.int32), vec[nz])
     return ("dense", vec)
 

@@ -391,3 +391,17 @@ def test_wrong_dtype_and_bad_y(tmp_path):
         ds.load_shard(0)
     with pytest.raises(DatasetError, match="'y' contains NaN"):
         ds.load_y()
+
+
+def test_in_memory_shards_are_the_matrix_columns_in_canonical_form():
+    from dmp.io.sparse import InMemorySparseDataset
+
+    X = sp.random(30, 12, density=0.4, format="csc", random_state=0)
+    ds = InMemorySparseDataset(X, np.zeros(30), n_shards=3)
+    for ks in ([0], [1, 2], [0, 1, 2]):
+        M = ds.load_shards(ks)
+        c0, c1 = int(ds.col_bounds[ks[0]]), int(ds.col_bounds[ks[-1] + 1])
+        np.testing.assert_array_equal(M.toarray(), X[:, c0:c1].toarray())
+        assert M.has_canonical_format
+        # scipy's own check of the same arrays agrees with the flag the shard carries
+        assert sp.csc_matrix((M.data, M.indices, M.indptr), shape=M.shape).has_canonical_format

@@ -52,6 +52,7 @@ def _shards(tmp_path):
     yield "InMemorySparseRowDataset.load_row_shards (copies)", \
         mem.load_row_shards([2, 0, 1])[0], mem.load_row_shards([2, 0, 1])[1]
     yield "InMemorySparseDataset.load_shards", mcols.load_shards([1, 2]), y
+    yield "InMemorySparseDataset.load_shards (all)", mcols.load_shards([0, 1, 2]), y
 
 
 def test_every_shard_goes_to_sklearn_as_it_is(tmp_path):
@@ -60,7 +61,7 @@ def test_every_shard_goes_to_sklearn_as_it_is(tmp_path):
         names.append(name)
         assert M.shape[0] == len(y), name
         _fits(M, y)
-    assert len(names) == 8
+    assert len(names) == 9
 
 
 def test_corpus_and_file_readers_give_sklearn_ready_matrices(tmp_path):
