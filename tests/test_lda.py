@@ -112,19 +112,32 @@ def test_one_worker_equals_the_serial_reference(sampler, Kt):
     """With one worker the rotation sampler is serial CGS: same seed, same traversal order,
     same uniforms -> the same assignments and counts as the plain Python sampler."""
     X, _, _ = lda_corpus(n_docs=40, n_words=60, n_topics=4, doc_len=25)
-    alpha, beta, sweeps, seed = 0.2, 0.05, 4, 11
-    prog = LDAProgram(InMemorySparseRowDataset(X, np.zeros(40), n_shards=1), n_topics=Kt,
+    _check_serial_reference(X, sampler, Kt, alpha=0.2, beta=0.05, sweeps=4, seed=11)
+
+
+@pytest.mark.parametrize("sampler", ["dense", "sparse", "buckets"])
+def test_empty_topics_with_v_beta_one_follow_the_serial_reference(sampler):
+    """More topics than tokens (most stay empty) and V beta exactly 1, where an empty
+    topic's ``n_k - 1 + V beta`` is zero: the same chain as the plain Python sampler."""
+    X, _, _ = lda_corpus(n_docs=6, n_words=20, n_topics=2, doc_len=4)
+    assert X.shape[1] * 0.05 == 1.0 and X.sum() < 40
+    _check_serial_reference(X, sampler, 40, alpha=0.2, beta=0.05, sweeps=6, seed=3)
+
+
+def _check_serial_reference(X, sampler, Kt, *, alpha, beta, sweeps, seed):
+    n_docs = X.shape[0]
+    prog = LDAProgram(InMemorySparseRowDataset(X, np.zeros(n_docs), n_shards=1), n_topics=Kt,
                       alpha=alpha, beta=beta, n_sweeps=sweeps, sampler=sampler, seed=seed)
     backend = LocalBackend(1)
     res = run(prog, backend, max_iter=sweeps + 1,
               collect=lambda b: prog.collect_counts(b, assignments=True))
     tok_doc, tok_row, tok_word, z = _serial_tokens(X, Kt, seed)
-    n_dk = np.zeros((40, Kt), dtype=np.int64)
+    n_dk = np.zeros((n_docs, Kt), dtype=np.int64)
     n_wk = np.zeros((X.shape[1], Kt), dtype=np.int64)
     np.add.at(n_dk, (tok_doc, z), 1)
     np.add.at(n_wk, (tok_row, z), 1)
     n_k = n_wk.sum(axis=0)
-    doc_topics = [list(np.flatnonzero(n_dk[d])) for d in range(40)]
+    doc_topics = [list(np.flatnonzero(n_dk[d])) for d in range(n_docs)]
     lls = []
     for r in range(1, sweeps + 1):
         u = round_uniforms(seed, r, 0, len(z))

@@ -190,6 +190,14 @@ def dense_to_pairs(n_dk, dnz_ptr, dnz, dnz_cnt):
         dnz_cnt[d] = n
 
 
+@njit(cache=True, nogil=True)
+def _reciprocal_without_one(n, vbeta):
+    """``1 / (n - 1 + V beta)``; 0 for an empty topic, where that can be zero or negative
+    (V beta <= 1) and where no token's old topic lies."""
+    den = n - 1 + vbeta
+    return 1.0 / den if den > 0.0 else 0.0
+
+
 @njit(cache=True, nogil=True, fastmath=_VECTOR_SUMS)
 def _sample_dense_rows(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
                        n_dk, phi, p):
@@ -197,8 +205,12 @@ def _sample_dense_rows(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, v
     # 1 / (n_k + V beta), which changes only when a token moves: a new word's phi is then
     # K products, not K divisions (a word has few tokens in a small corpus)
     inv = np.empty(K)
+    # and 1 / (n_k - 1 + V beta): a token's old topic without the token, a product too
+    # (read only for a topic that holds the token, n_k >= 1)
+    inv_out = np.empty(K)
     for j in range(K):
         inv[j] = 1.0 / (n_k[j] + vbeta)
+        inv_out[j] = _reciprocal_without_one(n_k[j], vbeta)
     w_prev = -1
     # the current document's K products with every token counted, and their total: a
     # word's tokens of one document come one after another, and while they keep their
@@ -219,7 +231,7 @@ def _sample_dense_rows(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, v
         # the token's old topic without the token (the counts themselves change only if
         # it moves: most tokens keep their topic once the chain has mixed, and then nothing
         # is written)
-        phi_old = (n_wk[w, k_old] - 1 + beta) / (n_k[k_old] - 1 + vbeta)
+        phi_old = (n_wk[w, k_old] - 1 + beta) * inv_out[k_old]
         p_old = (n_dk[d, k_old] - 1 + alpha) * phi_old
         if d != d_summed:
             # the unnormalised conditional: K independent products and their total, which
@@ -250,11 +262,13 @@ def _sample_dense_rows(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, v
         n_dk[d, k_old] -= 1
         n_wk[w, k_old] -= 1
         n_k[k_old] -= 1
-        inv[k_old] = 1.0 / (n_k[k_old] + vbeta)
+        inv[k_old] = inv_out[k_old]
+        inv_out[k_old] = _reciprocal_without_one(n_k[k_old], vbeta)
         phi[k_old] = phi_old
         n_dk[d, k] += 1
         n_wk[w, k] += 1
         n_k[k] += 1
+        inv_out[k] = inv[k]
         inv[k] = 1.0 / (n_k[k] + vbeta)
         phi[k] = (n_wk[w, k] + beta) * inv[k]
 
