@@ -14,7 +14,9 @@ slow spells hit both alike) and the medians are compared:
 * ``dmp <sampler>``: ``LatentDirichletAllocation(K, sampler=..., backend="local",
   n_workers=1).fit(X)`` (one run per ``--samplers`` entry, default ``auto``) on the CSR
   counts, timed whole (input validation, token layout, the counting pass, every sweep with
-  its log-likelihood, the fitted attributes) -- what a user's call costs;
+  its log-likelihood, the fitted attributes) -- what a user's call costs; with
+  ``--evaluate-every 1 10`` also a run per value N that scores every N-th sweep and the
+  last (``evaluate_every=N``, named ``dmp auto /N``);
 * ``tomotopy``: ``LDAModel(k=K, alpha, eta)``, ``optim_interval = 0`` (alpha kept fixed), the
   documents added untimed (tomotopy's own input preparation is not counted), then one
   ``train(sweeps, workers=1, parallel=NONE)`` timed (its initialisation included).
@@ -56,12 +58,13 @@ def _lda_bench():
     return mod
 
 
-def run_dmp(X, K, sweeps, alpha, beta, sampler="auto", seed=0):
+def run_dmp(X, K, sweeps, alpha, beta, sampler="auto", seed=0, evaluate_every=1):
     from dmp.decomposition import LatentDirichletAllocation
 
     est = LatentDirichletAllocation(K, doc_topic_prior=alpha, topic_word_prior=beta,
                                     max_iter=sweeps, sampler=sampler, backend="local",
-                                    n_workers=1, random_state=seed)
+                                    n_workers=1, random_state=seed,
+                                    evaluate_every=evaluate_every)
     t0, c0 = time.perf_counter(), time.process_time()
     est.fit(X)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -95,6 +98,10 @@ def main():
                     help="dmp runs, one per sampler (e.g. auto sparse: the sparse one is "
                          "what every K ran before the dense sampler; it is skipped where "
                          "auto picks it)")
+    ap.add_argument("--evaluate-every", type=int, nargs="+", default=[1],
+                    help="dmp runs, one per value, scoring every N-th sweep and the last "
+                         "(`evaluate_every`; tomotopy's train scores none: it is asked "
+                         "for the log-likelihood once, after the last)")
     ap.add_argument("--vary-seed", action="store_true",
                     help="repeat r runs seed r in both libraries (else seed 0 every time): "
                          "the log-likelihoods then compare chains, not one chain each")
@@ -105,6 +112,7 @@ def main():
     print(json.dumps(info, indent=1))
     results = {"machine": info, "date": time.strftime("%Y-%m-%d %H:%M %Z"),
                "command": " ".join(sys.argv), "sweeps": args.sweeps, "alpha": args.alpha,
+               "evaluate_every": args.evaluate_every,
                "vary_seed": args.vary_seed,
                "beta": args.beta, "runs": {}}
     # compile (or load) the kernels outside the timings
@@ -130,9 +138,10 @@ def main():
         for K in args.topics:
             from dmp.decomposition._lda_kernels import DENSE_MAX_TOPICS
 
-            arms = {f"dmp {s}": (lambda seed, s=s: run_dmp(X, K, args.sweeps, args.alpha,
-                                                           args.beta, s, seed))
-                    for s in args.samplers
+            arms = {(f"dmp {s}" if e == 1 else f"dmp {s} /{e}"):
+                    (lambda seed, s=s, e=e: run_dmp(X, K, args.sweeps, args.alpha,
+                                                    args.beta, s, seed, e))
+                    for s in args.samplers for e in args.evaluate_every
                     if not (s == "sparse" and "auto" in args.samplers
                             and K > DENSE_MAX_TOPICS)}
             arms["tomotopy"] = lambda seed: run_tomotopy(X, K, args.sweeps, args.alpha,

@@ -542,6 +542,37 @@ def test_sparse_and_dense_samplers_reach_the_same_likelihood():
     assert abs(lls["sparse"] - lls["dense"]) <= 0.002 * abs(lls["dense"])
 
 
+@pytest.mark.parametrize("P", [1, 3])
+def test_evaluate_every_scores_every_nth_and_the_last_sweep_of_the_same_chain(P):
+    """Fewer evaluations, the same chain: each evaluated sweep's log-likelihood equals the
+    fit that scores every sweep, the sweeps between carry the last evaluated value, the last
+    sweep is scored although 7 is not a multiple of 3, and sweeps and speed are kept."""
+    X, _, _ = lda_corpus(n_docs=60, n_words=80, n_topics=4, doc_len=30, seed=2)
+    kw = dict(n_components=5, max_iter=7, sampler="sparse", backend="local", n_workers=P,
+              random_state=1)
+    every = LatentDirichletAllocation(**kw).fit(X)
+    some = LatentDirichletAllocation(evaluate_every=3, **kw).fit(X)
+    np.testing.assert_array_equal(some.topic_word_counts_, every.topic_word_counts_)
+    assert some.n_iter_ == every.n_iter_ == 7
+    assert some.log_likelihood_ == every.log_likelihood_ == every.history_["log_likelihood"][-1]
+    h1, h3 = every.history_, some.history_
+    np.testing.assert_array_equal(h3["sweep"], h1["sweep"])
+    assert np.all(np.isfinite(h3["tokens_per_s"][h3["sweep"] >= 1]))
+
+    def at_sweep(h, s):
+        return h["log_likelihood"][np.flatnonzero(h["sweep"] == s)[0]]
+
+    scored = {1: None, 2: None, 3: 3, 4: 3, 5: 3, 6: 6, 7: 7}
+    for s, e in scored.items():
+        if e is None:
+            assert math.isnan(at_sweep(h3, s))
+        else:
+            assert at_sweep(h3, s) == at_sweep(h1, e), s
+    assert len({at_sweep(h1, s) for s in range(1, 8)}) == 7
+    with pytest.raises(ValueError, match="evaluate_every"):
+        LatentDirichletAllocation(evaluate_every=0).fit(X)
+
+
 def test_score_perplexity_and_top_words():
     X, phi, _ = lda_corpus(n_docs=150, n_words=200, n_topics=5, doc_len=50, seed=4)
     lda = LatentDirichletAllocation(5, max_iter=30, backend="local", random_state=0).fit(X)

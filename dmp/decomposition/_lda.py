@@ -106,6 +106,12 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         topics (up to 200 where documents hold at least K / 2 tokens on average), sparse
         below 1,000, buckets from 1,000.  All draw from the same conditional
         distribution.
+    evaluate_every : int, default 1
+        Sweeps between evaluations of the log-likelihood ``log p(w, z)`` (``history_``,
+        the progress bar and the live monitor show the last one); the last sweep is always
+        evaluated.  Scoring reads every partition's counts once: on a small corpus at small
+        K it is about a tenth of a sweep, which ``evaluate_every=10`` saves.  The chain
+        does not depend on it.
     transform_max_iter : int, default 50
         Gibbs fold-in sweeps of `transform` (the second half is averaged).
     backend : {"auto", "local", "dask"}, Client or backend, default "auto"
@@ -132,13 +138,14 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
     topic_word_counts_ : ndarray of int32, shape (n_components, n_features)
     doc_topic_prior_, topic_word_prior_ : float
     log_likelihood_ : float
-        ``log p(w, z)`` of the final state (Griffiths and Steyvers).
+        ``log p(w, z)`` of the final state (Griffiths and Steyvers); of the last evaluated
+        sweep when a callback stopped the fit before its last (``evaluate_every``).
     n_iter_ : int
         Sweeps run.
     history_ : dict of arrays
         Per sub-round: ``round``, ``sweep``, ``phase`` ("count" for the first rotation, which
         builds the table; "sample"), ``log_likelihood`` and ``ll_per_token`` (updated at
-        the end of each sweep), ``tokens_per_s``, ``time`` (for sub-rounds run in a batch on
+        the end of each evaluated sweep: ``evaluate_every``), ``tokens_per_s``, ``time`` (for sub-rounds run in a batch on
         Dask: when they ended on the workers), ``push_s`` (per worker), ``bytes_ring`` (word
         blocks and the changes of the topic totals handed on), ``bytes_push``/``bytes_pull``
         (topic totals, through the driver), ``batch`` (the first sub-round of the call the
@@ -160,11 +167,12 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         "max_iter": [Interval(numbers.Integral, 1, None, closed="left")],
         "schedule": [StrOptions({"rotation"})],
         "sampler": [StrOptions({"auto", "sparse", "dense", "buckets"})],
+        "evaluate_every": [Interval(numbers.Integral, 1, None, closed="left")],
         "transform_max_iter": [Interval(numbers.Integral, 2, None, closed="left")],
     }
 
     def __init__(self, n_components=10, *, doc_topic_prior=None, topic_word_prior=None,
-                 max_iter=100, schedule="rotation", sampler="auto",
+                 max_iter=100, schedule="rotation", sampler="auto", evaluate_every=1,
                  transform_max_iter=50,
                  backend="auto", n_workers=None, random_state=None, checkpoint=None,
                  checkpoint_every=10, resume=False, show_progress=False, callback=None):
@@ -174,6 +182,7 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         self.max_iter = max_iter
         self.schedule = schedule
         self.sampler = sampler
+        self.evaluate_every = evaluate_every
         self.transform_max_iter = transform_max_iter
         self.backend = backend
         self.n_workers = n_workers
@@ -274,7 +283,8 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
         alpha, beta = self._priors()
         return LDAProgram(fit.dataset, n_topics=self.n_components, alpha=alpha, beta=beta,
                           n_sweeps=self.max_iter, sampler=self.sampler,
-                          seed=seed_from(self.random_state))
+                          seed=seed_from(self.random_state),
+                          evaluate_every=self.evaluate_every)
 
     def _fingerprint(self, fit):
         return {"n_components": self.n_components, "alpha": fit.program.alpha,

@@ -45,8 +45,11 @@ class SamplePlan(Message):
     """A Gibbs sub-round over the partition's tokens of the held block."""
 
     round: int
-    #: the last sub-round of a sweep (its partial carries the log-likelihood parts)
+    #: the last sub-round of a sweep (its partial says when the sweep ended)
     last: bool
+    #: the sweep's state is scored: the partial carries the log-likelihood parts (the last
+    #: sub-round of every ``evaluate_every``-th sweep and of the fit's last sweep)
+    score: bool = False
 
 
 _PLANS = (CountPlan, SamplePlan)
@@ -269,8 +272,11 @@ class LDAProgram(Program):
     # the word-topic table comes over in pieces (`collect_counts`), not the whole partitions
     gather_partitions = False
 
-    def __init__(self, dataset, *, n_topics, alpha, beta, n_sweeps, sampler, seed):
+    def __init__(self, dataset, *, n_topics, alpha, beta, n_sweeps, sampler, seed,
+                 evaluate_every=1):
         super().__init__()
+        if int(evaluate_every) < 1:
+            raise ValueError(f"evaluate_every must be >= 1, got {evaluate_every}")
         if sampler not in ("sparse", "dense", "buckets", "auto"):
             raise ValueError(f"sampler must be 'sparse', 'dense', 'buckets' or 'auto', got "
                              f"{sampler!r}")
@@ -287,6 +293,7 @@ class LDAProgram(Program):
         self.alpha = float(alpha)
         self.beta = float(beta)
         self.n_sweeps = int(n_sweeps)
+        self.evaluate_every = int(evaluate_every)
         self.sampler = sampler
         self.seed = int(seed)
         self.n_words = int(dataset.shape[1])
@@ -468,7 +475,7 @@ class LDAProgram(Program):
                                  s["dnz_cnt"], s["n_dk"], s["phi"], s["buf"])
         dn = n_k - before
         partial = {"dn_k": dn, "tokens": t1 - t0}
-        if plan.last:
+        if plan.score:
             partial["ll_doc"] = kernels.doc_loglik(s["doc_len"], self.n_topics, self.alpha,
                                              s["dnz_ptr"], s["dnz"], s["dnz_cnt"])
             ll_word = np.nan
@@ -483,6 +490,7 @@ class LDAProgram(Program):
                     table["val"].reshape(1, -1) if isinstance(table, dict) else table,
                     self.beta)
             partial["ll_word"] = ll_word
+        if plan.last:
             # when the sweep ended here (wall clock, comparable across the workers): the
             # driver scores batched rounds after the batch, so its own clock cannot say
             partial["t_end"] = time.time()
@@ -660,7 +668,9 @@ class LDAProgram(Program):
         if round < P:
             return [CountPlan(round)] * P
         last = (round - P) % P == P - 1
-        return [SamplePlan(round, last)] * P
+        sweep = (round - P) // P + 1
+        score = last and (sweep % self.evaluate_every == 0 or sweep == self.n_sweeps)
+        return [SamplePlan(round, last, score)] * P
 
     def needs_barrier(self, round):
         # the first sampling round needs the totals of the counting rotation
@@ -699,6 +709,7 @@ class LDAProgram(Program):
             ll = sum(q["ll_doc"] + q["ll_word"] for q in partials)
             ll += Kt * math.lgamma(V * b) + kernels.topic_loglik(dr.n_k, V * b)
             dr.ll = ll
+        if partials[0].get("t_end") is not None:
             dr.sweep += 1
             now = max(q["t_end"] for q in partials)
             dr.tokens_s = dr.n_tokens / max(now - dr.t_sweep, 1e-12)
