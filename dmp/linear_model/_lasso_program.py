@@ -190,6 +190,11 @@ class CDPlan(Message):
     #: residual is the driver's, so the gap round that follows a solved working set is
     #: computed in the same push and the round saved)
     gap: bool = False
+    #: return the gap round's correlations before the sweeps (several partitions: a
+    #: replica's residual is exact only before its own sweeps); the push keeps what it
+    #: changed, and the driver undoes the sweeps (`CDUpdate.undo`) when that gap shows
+    #: convergence, so the round is the gap round it replaced, one round fewer otherwise
+    gap_first: bool = False
 
 
 @dataclass(frozen=True)
@@ -219,6 +224,8 @@ class CDPartial(Message):
     solved: bool
     #: the gap round's result after the sweeps (`CDPlan.gap`)
     gap: "GapPartial | None" = None
+    #: the gap round's result before the sweeps (`CDPlan.gap_first`)
+    gap_before: "GapPartial | None" = None
 
 
 @dataclass(frozen=True)
@@ -243,6 +250,8 @@ class CDUpdate(Message):
     round: int
     D: tuple
     t: float
+    #: take the round's sweeps back exactly (its gap-first check showed convergence)
+    undo: bool = False
 
 
 @dataclass(frozen=True)
@@ -410,6 +419,7 @@ class LassoProgram(Program):
                           prio=vd * vd, l1=float(np.abs(s["w"]).sum()))
 
     def _push_cd(self, s, plan: CDPlan) -> CDPartial:
+        gap_before = self._push_gap(s) if plan.gap_first else None
         idx = plan.idx
         if plan.filter and self.rho is not None and len(idx) > 1:
             kept = self._filter(s, idx, plan.keep)
@@ -445,15 +455,22 @@ class LassoProgram(Program):
             s["w"][kept] = w_ws
             solved = done < sweeps
         dr = s["r"] - r_before
-        s["pending"][plan.round] = (dr, kept, delta)
+        # what an undo restores (`CDUpdate.undo`), bit for bit
+        undo = (r_before, w_old) if plan.gap_first else None
+        s["pending"][plan.round] = (dr, kept, delta, undo)
         return CDPartial(dr=_encode(dr), kept=kept, delta=delta, w_old=w_old,
                          n_cand=len(plan.idx), solved=solved,
-                         gap=self._push_gap(s) if plan.gap and solved else None)
+                         gap=self._push_gap(s) if plan.gap and solved else None,
+                         gap_before=gap_before)
 
     def apply(self, s, update):
         match update:
             case CDUpdate():
-                dr_own, kept, delta = s["pending"].pop(update.round)
+                dr_own, kept, delta, undo = s["pending"].pop(update.round)
+                if update.undo:
+                    s["r"][:] = undo[0]
+                    s["w"][kept] = undo[1]
+                    return
                 r = s["r"]
                 r -= dr_own
                 _decode_add(update.D, r)
@@ -576,7 +593,10 @@ class LassoProgram(Program):
         P = d.P
         if d.need_refresh:
             return [RefreshPlan(round)] * P
-        if d.need_gap:
+        # several partitions: the gap round after the first goes with the coordinate
+        # descent of the round after it (`CDPlan.gap_first`)
+        gap_first = d.need_gap and P > 1 and d.n_checks > 0
+        if d.need_gap and not gap_first:
             return [GapPlan(round)] * P
         cand, L = self._candidates()
         if self.schedule_kind == "priority" and len(cand):
@@ -597,7 +617,7 @@ class LassoProgram(Program):
             plans.append(CDPlan(round=round, idx=local.astype(np.int64, copy=False), keep=keep,
                                 filter=self.schedule_kind == "priority",
                                 sweeps=self.inner_sweeps, inner_tol=inner_tol,
-                                gap=fuse_gap))
+                                gap=fuse_gap, gap_first=gap_first))
         return plans
 
     def _objective(self, r, l1):
@@ -606,8 +626,15 @@ class LassoProgram(Program):
     def pull(self, round, partials):
         match partials[0]:
             case CDPartial():
-                update = self._pull_cd(round, partials)
                 d = self.driver
+                if partials[0].gap_before is not None:
+                    self._pull_gap([pt.gap_before for pt in partials])
+                    if d.converged:
+                        # the state before the sweeps is the answer: take them back
+                        d.priority_q.pop(round, None)
+                        return Broadcast(CDUpdate(round=round, D=("dense", None), t=0.0,
+                                                  undo=True))
+                update = self._pull_cd(round, partials)
                 # the gap round this round asked for came back with it (`CDPlan.gap`); not
                 # when a refresh comes first, which the gap round then follows as usual
                 if partials[0].gap is not None and d.need_gap and not d.need_refresh:
