@@ -247,3 +247,32 @@ def test_ccd_refuses_an_update_it_does_not_know():
     with pytest.raises(TypeError, match=r"^CCDProgram got an update of type dict; it handles "
                                         r"CCDInitUpdate, CCDWUpdate, CCDHUpdate$"):
         prog.apply({}, {"kind": "W", "round": 1, "k": (0, 1)})
+
+
+class SlowCounter(Counter):
+    """A round of about a millisecond, with a progress postfix."""
+
+    def push(self, state, plan):
+        import time
+
+        time.sleep(0.001)
+        return super().push(state, plan)
+
+    def pull(self, round, partials):
+        self.driver["rounds"] = round + 1
+        return super().pull(round, partials)
+
+    def progress_postfix(self):
+        return {"done": self.driver["rounds"]}
+
+
+def test_the_progress_bar_draws_at_most_ten_times_a_second_with_its_postfix(capsys):
+    """A fit of many short rounds draws its progress bar at tqdm's interval, not once per
+    round (each draw a line in a log file), and the last draw has the last postfix."""
+    res = run(SlowCounter(), LocalBackend(1), max_iter=400, show_progress=True, desc="slow")
+    assert res.n_rounds == 400
+    err = capsys.readouterr().err
+    draws = err.count("\r")
+    assert 2 <= draws <= max(20, 15 * res.wall_s)
+    last = err.rstrip("\n").split("\r")[-1]
+    assert "400/400" in last and "done=400" in last

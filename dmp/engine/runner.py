@@ -459,8 +459,10 @@ class _Run:
         if self.events.enabled:
             self.events.round(rec)
         if self.bar is not None:
+            # the postfix is drawn with the count, at most every `mininterval` (drawn
+            # on every round, a fit of many short rounds wrote a line per round)
+            self.bar.set_postfix(program.progress_postfix(), refresh=False)
             self.bar.update(1)
-            self.bar.set_postfix(program.progress_postfix())
         if self.callback is not None and self.callback(r, rec):
             self.stop_round = r if self.stop_round is None else min(self.stop_round, r)
         if self.stop_round is not None and r >= self.stop_round:
