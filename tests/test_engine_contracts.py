@@ -207,8 +207,8 @@ def test_messages_pickle_and_count_their_bytes_as_the_dicts_did():
     # one 8-byte scalar for the type, as for the "kind" tag of the dict messages
     as_dict = {"kind": "cd", "round": plan.round, "idx": plan.idx, "keep": plan.keep,
                "filter": plan.filter, "sweeps": plan.sweeps, "inner_tol": plan.inner_tol,
-               "gap": plan.gap}
-    assert payload_nbytes(plan) == payload_nbytes(as_dict) == 7 * 8 + plan.idx.nbytes
+               "gap": plan.gap, "gap_first": plan.gap_first}
+    assert payload_nbytes(plan) == payload_nbytes(as_dict) == 8 * 8 + plan.idx.nbytes
 
 
 def test_the_lasso_driver_has_named_fields_and_reads_as_before():

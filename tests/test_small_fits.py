@@ -111,7 +111,7 @@ def test_payload_sizes_by_type_count_as_the_rule_says():
 
     a = np.zeros(10)
     plan = CDPlan(round=1, idx=np.arange(3), keep=2, filter=True, sweeps=1, inner_tol=0.1)
-    assert payload_nbytes(plan) == 8 + 8 + 24 + 5 * 8
+    assert payload_nbytes(plan) == 8 + 8 + 24 + 6 * 8
     assert payload_nbytes(np.ma.masked_array(a)) == 80
     assert payload_nbytes(Row((a, 1.0))) == 88
     assert payload_nbytes({"x": a, "n": None, "b": b"abc"}) == 83
