@@ -145,11 +145,11 @@ class LatentDirichletAllocation(ClassNamePrefixFeaturesOutMixin, TransformerMixi
     history_ : dict of arrays
         Per sub-round: ``round``, ``sweep``, ``phase`` ("count" for the first rotation, which
         builds the table; "sample"), ``log_likelihood`` and ``ll_per_token`` (updated at
-        the end of each evaluated sweep: ``evaluate_every``), ``tokens_per_s``, ``time`` (for sub-rounds run in a batch on
-        Dask: when they ended on the workers), ``push_s`` (per worker), ``bytes_ring`` (word
-        blocks and the changes of the topic totals handed on), ``bytes_push``/``bytes_pull``
-        (topic totals, through the driver), ``batch`` (the first sub-round of the call the
-        sub-round ran in), ``worker_losses``.
+        the end of each evaluated sweep: ``evaluate_every``), ``tokens_per_s``, ``time``
+        (for sub-rounds run in a batch on Dask: when they ended on the workers), ``push_s``
+        (per worker), ``bytes_ring`` (word blocks and the changes of the topic totals handed
+        on), ``bytes_push``/``bytes_pull`` (topic totals, through the driver), ``batch`` (the
+        first sub-round of the call the sub-round ran in), ``worker_losses``.
     recoveries_ : list of dict
     n_features_in_ : int
     """
