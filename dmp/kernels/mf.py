@@ -82,17 +82,25 @@ def ccd_block_update(indptr, indices, res, F, k0, O, lam, delta):
                      c0, c1)
 
 
-@njit(cache=True, nogil=True, fastmath=VECTORISE)
+# The kernels of a block-ALS fit allocate nothing (their callers below pass the buffers and
+# the typed zero): the first cached kernel that allocates makes Numba import its array
+# implementation, about 0.09 s of a process's first fit (BENCHMARKS.md, "The first fit's
+# array module").
 def subtract_lowrank(indptr, indices, res, X, xk0, Y):
     """``res_ij -= sum_kk X[i, xk0+kk] * Y[j, kk]`` for every stored entry.
 
     Brings a residual up to date after the other side changed (``Y`` = its deltas) or after
     this side changed (``X`` = own deltas, ``Y`` = the other side's block).  One dot product
-    over a contiguous row of ``Y`` per entry (vectorised).
+    over a contiguous row of ``Y`` per entry (vectorised), summed in the residual's precision
+    (float32 or float64).
     """
+    _subtract_lowrank(indptr, indices, res, X, xk0, Y, res.dtype.type(0))
+
+
+@njit(cache=True, nogil=True, fastmath=VECTORISE)
+def _subtract_lowrank(indptr, indices, res, X, xk0, Y, zero):
     n = indptr.shape[0] - 1
     B = Y.shape[1]
-    zero = np.zeros(1, res.dtype)[0]    # sums in the residual's precision (float32 or 64)
     for i in range(n):
         for p in range(indptr[i], indptr[i + 1]):
             j = indices[p]
@@ -102,7 +110,6 @@ def subtract_lowrank(indptr, indices, res, X, xk0, Y):
             res[p] -= s
 
 
-@njit(cache=True, nogil=True, fastmath=VECTORISE)
 def cg_block_update(indptr, indices, res, F, k0, O, lam, delta, steps, ratings, mean, fresh):
     """Block ALS: each local row's least-squares problem in coordinates ``k0 .. k0+B-1``,
     approximately solved by ``steps`` conjugate-gradient steps from its current value.
@@ -120,19 +127,20 @@ def cg_block_update(indptr, indices, res, F, k0, O, lam, delta, steps, ratings, 
     recomputed as ``ratings - mean - f_old . o_j`` in the pass that reads ``o_j`` anyway, so
     that the other side's last update need not have been applied to ``res``.
     """
+    B = O.shape[1]
+    longest = int(np.max(np.diff(indptr))) if len(indptr) > 1 else 0
+    # all arithmetic in O's precision: float32 factors run about twice as fast
+    dt = O.dtype
+    _cg_block_update(indptr, indices, res, F, k0, O, lam, delta, steps, ratings, mean, fresh,
+                     dt.type(0), np.empty((steps, longest), dt), np.empty(steps, dt),
+                     np.empty(B, dt), np.empty(B, dt), np.empty(B, dt), np.empty(B, dt))
+
+
+@njit(cache=True, nogil=True, fastmath=VECTORISE)
+def _cg_block_update(indptr, indices, res, F, k0, O, lam, delta, steps, ratings, mean, fresh,
+                     zero, dots, step, x, r, pv, q):
     n = indptr.shape[0] - 1
     B = O.shape[1]
-    longest = 0
-    for i in range(n):
-        longest = max(longest, indptr[i + 1] - indptr[i])
-    # all arithmetic in O's precision: float32 factors run about twice as fast
-    zero = np.zeros(1, O.dtype)[0]
-    dots = np.empty((steps, longest), O.dtype)
-    step = np.empty(steps, O.dtype)
-    x = np.empty(B, O.dtype)
-    r = np.empty(B, O.dtype)
-    pv = np.empty(B, O.dtype)
-    q = np.empty(B, O.dtype)
     for i in range(n):
         a = indptr[i]
         b = indptr[i + 1]
@@ -288,11 +296,17 @@ def rank1_column_sums(indptr, indices, res, swap, f_out, o_out, f_in, o, f, num,
     return total
 
 
-@njit(cache=True, nogil=True)
 def uniform_init(seed, stream, start, n, K):
     """Rows ``start .. start+n-1`` of a (., K) matrix of U(0, 1) entries that depend only on
     ``(seed, stream, row, k)`` (the same values whatever the partitioning)."""
     out = np.empty((n, K))
+    _uniform_fill(seed, stream, start, out)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _uniform_fill(seed, stream, start, out):
+    n, K = out.shape
     for i in range(n):
         state = np.uint64(seed) * np.uint64(0xD1B54A32D192ED03)
         state, _ = _splitmix64(state ^ np.uint64(stream))
@@ -301,7 +315,6 @@ def uniform_init(seed, stream, start, n, K):
         for k in range(K):
             state, r = _splitmix64(state)
             out[i, k] = np.float64(r >> np.uint64(11)) * (1.0 / 9007199254740992.0)
-    return out
 
 
 @njit(cache=True, nogil=True)
