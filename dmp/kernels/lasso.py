@@ -279,7 +279,6 @@ def dependency_filter(indptr, indices, data, means, sq_norms, cand, max_keep, rh
     return n_kept
 
 
-@njit(cache=True, nogil=True)
 def cd_sweeps(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha_n,
               max_sweeps, rel_tol, delta_out, dense=False):
     """Up to ``max_sweeps`` sequential sweeps of :func:`cd_sweep` over ``idx`` (a working-set
@@ -287,10 +286,19 @@ def cd_sweeps(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha
     largest coefficient of the set.  ``delta_out`` receives the total change per column;
     ``dense`` as for `cd_sweep`.  Returns the number of sweeps run."""
     k = idx.shape[0]
-    w_old = np.empty(k)
+    return _cd_sweeps(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha_n,
+                      max_sweeps, rel_tol, delta_out, dense, np.empty(k), np.empty(k))
+
+
+# (`cd_sweeps` and `gather_columns` allocate outside their kernels: the first cached kernel
+# that allocates makes Numba import its array implementation, tens of milliseconds of a
+# process's first fit; BENCHMARKS.md)
+@njit(cache=True, nogil=True)
+def _cd_sweeps(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha_n,
+               max_sweeps, rel_tol, delta_out, dense, w_old, step):
+    k = idx.shape[0]
     for t in range(k):
         w_old[t] = w[idx[t]]
-    step = np.empty(k)
     sweeps = 0
     for s in range(max_sweeps):
         cd_sweep(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha_n, step,
@@ -312,18 +320,21 @@ def cd_sweeps(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha
     return sweeps
 
 
-@njit(cache=True, nogil=True)
 def gather_columns(indptr, indices, data, idx):
     """Copy the columns ``idx`` into a new contiguous CSC block (a working-set copy whose
     repeated sweeps then read memory sequentially)."""
     k = idx.shape[0]
-    ip = np.empty(k + 1, dtype=np.int64)
-    ip[0] = 0
-    for t in range(k):
-        j = idx[t]
-        ip[t + 1] = ip[t] + indptr[j + 1] - indptr[j]
+    ip = np.zeros(k + 1, dtype=np.int64)
+    np.cumsum(np.asarray(indptr[idx + 1] - indptr[idx], dtype=np.int64), out=ip[1:])
     ind = np.empty(ip[k], dtype=indices.dtype)
     dat = np.empty(ip[k], dtype=data.dtype)
+    _gather_columns(indptr, indices, data, idx, ip, ind, dat)
+    return ip, ind, dat
+
+
+@njit(cache=True, nogil=True)
+def _gather_columns(indptr, indices, data, idx, ip, ind, dat):
+    k = idx.shape[0]
     for t in range(k):
         j = idx[t]
         q0 = ip[t]
@@ -331,4 +342,3 @@ def gather_columns(indptr, indices, data, idx):
             ind[q0] = indices[q]
             dat[q0] = data[q]
             q0 += 1
-    return ip, ind, dat

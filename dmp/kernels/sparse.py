@@ -4,12 +4,20 @@ import numpy as np
 from ._jit import njit
 
 
-@njit(cache=True, nogil=True)
 def csc_column_stats(indptr, data):
     """Column sums and squared norms of a CSC matrix, in one pass and no temporaries."""
     p = indptr.shape[0] - 1
-    sums = np.zeros(p)
-    sq = np.zeros(p)
+    sums = np.empty(p)
+    sq = np.empty(p)
+    _csc_column_stats(indptr, data, sums, sq)
+    return sums, sq
+
+
+# (the kernels allocate nothing: the first cached kernel that allocates makes Numba import
+# its array implementation, tens of milliseconds of a process's first fit; BENCHMARKS.md)
+@njit(cache=True, nogil=True)
+def _csc_column_stats(indptr, data, sums, sq):
+    p = indptr.shape[0] - 1
     for j in range(p):
         s = 0.0
         q2 = 0.0
@@ -19,7 +27,6 @@ def csc_column_stats(indptr, data):
             q2 += v * v
         sums[j] = s
         sq[j] = q2
-    return sums, sq
 
 
 @njit(cache=True, nogil=True)
