@@ -292,7 +292,7 @@ def cd_sweeps(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha
 
 # (`cd_sweeps` and `gather_columns` allocate outside their kernels: the first cached kernel
 # that allocates makes Numba import its array implementation, tens of milliseconds of a
-# process's first fit; BENCHMARKS.md)
+# process's first fit; BENCHMARKS.md, "The first fit's array module")
 @njit(cache=True, nogil=True)
 def _cd_sweeps(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha_n,
                max_sweeps, rel_tol, delta_out, dense, w_old, step):

@@ -14,7 +14,8 @@ def csc_column_stats(indptr, data):
 
 
 # (the kernels allocate nothing: the first cached kernel that allocates makes Numba import
-# its array implementation, tens of milliseconds of a process's first fit; BENCHMARKS.md)
+# its array implementation, tens of milliseconds of a process's first fit; BENCHMARKS.md,
+# "The first fit's array module")
 @njit(cache=True, nogil=True)
 def _csc_column_stats(indptr, data, sums, sq):
     p = indptr.shape[0] - 1
