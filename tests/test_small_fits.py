@@ -225,15 +225,24 @@ _NON_ALLOCATING_FITS = textwrap.dedent("""
     Lasso(alpha=0.01).fit(X, y)
     Lasso(alpha=0.01).fit(sp.random(60, 300, density=0.1, format="csc", random_state=0), y)
     Lasso(alpha=0.01, backend="local", n_workers=2).fit(X, y)
+    from dmp.decomposition import LatentDirichletAllocation
+    from dmp.io.synthetic import make_lda_corpus
+
+    C = make_lda_corpus(n_docs=40, n_words=60, doc_len=30)[0].tocsr()
+    for sampler, P in [("dense", 1), ("dense", 2), ("sparse", 1), ("buckets", 2)]:
+        lda = LatentDirichletAllocation(4, max_iter=2, sampler=sampler, backend="local",
+                                        n_workers=P, random_state=0).fit(C)
+    lda.transform(C[:5])
     print("arrayobj", "numba.np.arrayobj" in sys.modules)
 """)
 
 
-def test_mf_and_lasso_fits_load_no_kernel_that_allocates():
-    """The kernels of MF (every method) and of the Lasso (dense and sparse input, one or two
-    partitions) take their buffers from the caller: a fresh process's first fits never make
-    Numba import its array implementation, which loading the first cached kernel that
-    allocates costs (50-90 ms here)."""
+def test_mf_lasso_and_lda_fits_load_no_kernel_that_allocates():
+    """The kernels of MF (every method), the Lasso (dense and sparse input, one or two
+    partitions) and LDA (every sampler, its scores and `transform`) take their buffers from
+    the caller: a fresh process's first fits never make Numba import its array
+    implementation, which loading the first cached kernel that allocates costs (50-90 ms
+    here)."""
     exec(_NON_ALLOCATING_FITS, {})   # fills Numba's cache for the child
     proc = subprocess.run([sys.executable, "-c", _NON_ALLOCATING_FITS], capture_output=True,
                           text=True)

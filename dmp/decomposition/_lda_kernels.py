@@ -200,14 +200,12 @@ def _reciprocal_without_one(n, vbeta):
 
 @njit(cache=True, nogil=True, fastmath=_VECTOR_SUMS)
 def _sample_dense_rows(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
-                       n_dk, phi, p):
+                       n_dk, phi, p, inv, inv_out):
     K = n_k.shape[0]
-    # 1 / (n_k + V beta), which changes only when a token moves: a new word's phi is then
-    # K products, not K divisions (a word has few tokens in a small corpus)
-    inv = np.empty(K)
-    # and 1 / (n_k - 1 + V beta): a token's old topic without the token, a product too
-    # (read only for a topic that holds the token, n_k >= 1)
-    inv_out = np.empty(K)
+    # inv: 1 / (n_k + V beta), which changes only when a token moves: a new word's phi is
+    # then K products, not K divisions (a word has few tokens in a small corpus); inv_out:
+    # 1 / (n_k - 1 + V beta), a token's old topic without the token, a product too (read
+    # only for a topic that holds the token, n_k >= 1)
     for j in range(K):
         inv[j] = 1.0 / (n_k[j] + vbeta)
         inv_out[j] = _reciprocal_without_one(n_k[j], vbeta)
@@ -273,7 +271,6 @@ def _sample_dense_rows(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, v
         phi[k] = (n_wk[w, k] + beta) * inv[k]
 
 
-@njit(cache=True, nogil=True)
 def sample_dense(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
                  dnz_ptr, dnz, dnz_cnt, n_dk, phi, p):
     """O(K) collapsed Gibbs sweep over tokens ``[t0, t1)``: inverse CDF over the K topics,
@@ -285,9 +282,20 @@ def sample_dense(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
     conditional is a contiguous K-wide row, and packed back after it (topics in increasing
     order).  ``phi`` and ``p``: K floats of scratch.
     """
+    K = n_k.shape[0]
+    _sample_dense(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta, dnz_ptr,
+                  dnz, dnz_cnt, n_dk, phi, p, np.empty(K), np.empty(K))
+
+
+# (the kernels allocate nothing: their callers pass every array, as the first cached kernel
+# that allocates makes Numba import its array implementation, tens of milliseconds of a
+# process's first fit; BENCHMARKS.md, "The first fit's array module")
+@njit(cache=True, nogil=True)
+def _sample_dense(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta, dnz_ptr,
+                  dnz, dnz_cnt, n_dk, phi, p, inv, inv_out):
     pairs_to_dense(dnz_ptr, dnz, dnz_cnt, n_dk)
     _sample_dense_rows(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta, n_dk,
-                       phi, p)
+                       phi, p, inv, inv_out)
     dense_to_pairs(n_dk, dnz_ptr, dnz, dnz_cnt)
 
 
@@ -726,13 +734,16 @@ def fill_uniforms(key, out, n):
         out[i] = (_mix64(s) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
-@njit(cache=True, nogil=True)
 def doc_loglik(doc_len, n_topics, alpha, dnz_ptr, dnz, dnz_cnt):
     """sum_d [lgG(K a) - lgG(N_d + K a) + sum_k (lgG(n_dk + a) - lgG(a))] (nonzeros only;
     the counts priced through a tally, as in `word_loglik`)."""
+    return _doc_loglik(doc_len, n_topics, alpha, dnz_ptr, dnz, dnz_cnt, _empty_tally())
+
+
+@njit(cache=True, nogil=True)
+def _doc_loglik(doc_len, n_topics, alpha, dnz_ptr, dnz, dnz_cnt, tally):
     lg_a = math.lgamma(alpha)
     lg_ka = math.lgamma(n_topics * alpha)
-    tally = _empty_tally()
     total = 0.0
     for d in range(doc_len.shape[0]):
         total += lg_ka - math.lgamma(doc_len[d] + n_topics * alpha)
@@ -788,7 +799,6 @@ def rows_into_columns(piece, cols, out):
 _TALLIED_COUNTS = 1024
 
 
-@njit(cache=True, nogil=True)
 def _empty_tally():
     """Four tallies of the counts below `_TALLIED_COUNTS` (filled by position, so that runs
     of one count do not wait on each other's increments)."""
@@ -808,16 +818,19 @@ def _priced_tally(tally, prior):
     return total
 
 
-@njit(cache=True, nogil=True)
 def word_loglik(n_wk, beta):
     """sum over the block's rows and topics of lgG(n_wk + b) - lgG(b) (nonzeros only).
 
     The counts below `_TALLIED_COUNTS` are tallied (`_empty_tally`) and each distinct
     count's term is computed once; the sum depends only on which counts occur, not on their
     order or on the zeros between them, so a packed block scores exactly as its dense form."""
+    return _word_loglik(n_wk, beta, _empty_tally())
+
+
+@njit(cache=True, nogil=True)
+def _word_loglik(n_wk, beta, tally):
     lg_b = math.lgamma(beta)
     R, K = n_wk.shape
-    tally = _empty_tally()
     large = 0.0
     for r in range(R):
         for k in range(K):
@@ -829,16 +842,18 @@ def word_loglik(n_wk, beta):
     return _priced_tally(tally, beta) + large
 
 
-@njit(cache=True, nogil=True)
 def word_loglik_of_tokens(n_wk, beta, t0, t1, tok_row, z):
     """`word_loglik` of a block whose tokens are all ``[t0, t1)`` (one partition holds the
     whole corpus), found through them: a row's nonzero counts are at its tokens' topics, so
     the work is O(tokens), not O(rows x K).  The same value bit for bit; NaN when a count
     reaches `_TALLIED_COUNTS` (the caller then scores the whole block)."""
-    K = n_wk.shape[1]
-    tally = _empty_tally()
-    # the last row each topic was tallied for (tokens come grouped by row)
-    seen = np.full(K, -1, dtype=np.int64)
+    # seen: the last row each topic was tallied for (tokens come grouped by row)
+    return _word_loglik_of_tokens(n_wk, beta, t0, t1, tok_row, z, _empty_tally(),
+                                  np.full(n_wk.shape[1], -1, dtype=np.int64))
+
+
+@njit(cache=True, nogil=True)
+def _word_loglik_of_tokens(n_wk, beta, t0, t1, tok_row, z, tally, seen):
     for i in range(t0, t1):
         r = tok_row[i]
         k = z[i]
@@ -862,7 +877,6 @@ def topic_loglik(n_k, vbeta):
     return total
 
 
-@njit(cache=True, nogil=True)
 def fold_in(doc_ptr, tok_word, phi_wk, alpha, n_iter, u, z, theta):
     """Gibbs fold-in with the topics fixed: ``p(z = k) ∝ (n_dk + alpha) phi_wk``.
 
@@ -870,11 +884,15 @@ def fold_in(doc_ptr, tok_word, phi_wk, alpha, n_iter, u, z, theta):
     ``theta`` (D x K) receives the doc-topic counts averaged over the second half of the
     iterations.
     """
+    K = phi_wk.shape[1]
+    _fold_in(doc_ptr, tok_word, phi_wk, alpha, n_iter, u, z, theta, np.empty(K), np.empty(K))
+
+
+@njit(cache=True, nogil=True)
+def _fold_in(doc_ptr, tok_word, phi_wk, alpha, n_iter, u, z, theta, cdf, cnt):
     D = doc_ptr.shape[0] - 1
     K = phi_wk.shape[1]
     n_tok = tok_word.shape[0]
-    cdf = np.empty(K)
-    cnt = np.zeros(K)
     burn = n_iter // 2
     for d in range(D):
         cnt[:] = 0.0
