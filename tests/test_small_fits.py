@@ -233,14 +233,26 @@ _NON_ALLOCATING_FITS = textwrap.dedent("""
         lda = LatentDirichletAllocation(4, max_iter=2, sampler=sampler, backend="local",
                                         n_workers=P, random_state=0).fit(C)
     lda.transform(C[:5])
+    from dmp.hashing import BinaryAutoencoder
+    from dmp.linear_model import SparsifiedSGDClassifier
+
+    Xs = rng.standard_normal((200, 8))
+    ys = (Xs[:, 0] > 0).astype(int)
+    for method in ("isgd", "isega", "isaga", "iasgd"):
+        SparsifiedSGDClassifier(method=method, max_iter=2, n_workers=2, backend="local",
+                                random_state=0).fit(Xs, ys)
+    for w_step, z_method in [("sgd", "enumerate"), ("dcd", "alternate")]:
+        BinaryAutoencoder(n_bits=4, max_iter=2, w_step=w_step, z_method=z_method,
+                          random_state=0).fit(Xs).transform(Xs[:5])
     print("arrayobj", "numba.np.arrayobj" in sys.modules)
 """)
 
 
-def test_mf_lasso_and_lda_fits_load_no_kernel_that_allocates():
-    """The kernels of MF (every method), the Lasso (dense and sparse input, one or two
-    partitions) and LDA (every sampler, its scores and `transform`) take their buffers from
-    the caller: a fresh process's first fits never make Numba import its array
+def test_no_fit_loads_a_kernel_that_allocates():
+    """The kernels of every estimator (MF's methods, the Lasso on dense and sparse input and
+    on two partitions, LDA's samplers, scores and `transform`, the sparsified SGD's methods,
+    the binary autoencoder's W and Z steps and its validation search) take their buffers
+    from the caller: a fresh process's first fits never make Numba import its array
     implementation, which loading the first cached kernel that allocates costs (50-90 ms
     here)."""
     exec(_NON_ALLOCATING_FITS, {})   # fills Numba's cache for the child

@@ -29,7 +29,6 @@ def _popcount(x):
     return (x * _H01) >> np.uint64(56)
 
 
-@njit(cache=True, nogil=True)
 def hamming_knn(queries, codes, k, out_idx, out_dist, n_bits):
     """The ``k`` nearest codes of every query in Hamming distance (ties by index).
 
@@ -41,12 +40,19 @@ def hamming_knn(queries, codes, k, out_idx, out_dist, n_bits):
     hundred codes nearly every one is rejected by one well-predicted comparison (a full
     histogram of the distances cost four times the popcounts: its increments serialise).
     """
+    nb = n_bits + 1
+    _hamming_knn(queries, codes, k, out_idx, out_dist, n_bits,
+                 np.empty((nb, k), dtype=np.int64), np.empty(nb, dtype=np.int64),
+                 np.empty(codes.shape[0], dtype=np.int32))
+
+
+# (the kernels allocate nothing: the callers pass their buffers, as the first cached kernel
+# that allocates makes Numba import its array implementation, tens of milliseconds of a
+# process's first fit; BENCHMARKS.md, "The first fit's array module")
+@njit(cache=True, nogil=True)
+def _hamming_knn(queries, codes, k, out_idx, out_dist, n_bits, bucket, cnt, dist):
     n_q, W = queries.shape
     N = codes.shape[0]
-    nb = n_bits + 1
-    bucket = np.empty((nb, k), dtype=np.int64)
-    cnt = np.empty(nb, dtype=np.int64)
-    dist = np.empty(N, dtype=np.int32)
     for q in range(n_q):
         # the distances first, in a branch-free loop LLVM vectorises ...
         if W == 1:
@@ -87,14 +93,18 @@ def hamming_knn(queries, codes, k, out_idx, out_dist, n_bits):
                 break
 
 
-@njit(cache=True, nogil=True)
 def z_enumerate(C, R, H, mu, Z):
     """Exact Z step: every code of every point, in Gray-code order (one column of ``R``
     added or taken per code: O(2^L L) per point); ties keep the first code found, which
     starts at ``h``.  ``C`` (N x L), ``R`` (L x L upper triangular), ``H``/``Z`` (N x L
     uint8); writes ``Z`` and returns nothing."""
+    L = C.shape[1]
+    _z_enumerate(C, R, H, mu, Z, np.empty(L), np.empty(L, H.dtype), np.empty(L, H.dtype))
+
+
+@njit(cache=True, nogil=True)
+def _z_enumerate(C, R, H, mu, Z, r, cur, best):
     N, L = C.shape
-    r = np.empty(L)
     for n in range(N):
         # start at z = h: residual c - R h
         hv = H[n]
@@ -104,12 +114,14 @@ def z_enumerate(C, R, H, mu, Z):
                 if hv[b]:
                     s -= R[a, b]
             r[a] = s
-        cur = hv.copy()
+        # (element loops: an array assignment compiles Numba's array module in)
+        for b in range(L):
+            cur[b] = hv[b]
+            best[b] = hv[b]
         ham = 0
         best_e = 0.0
         for a in range(L):
             best_e += r[a] * r[a]
-        best = cur.copy()
         for g in range(1, 1 << L):
             # the bit that changes between Gray codes g - 1 and g
             bit = 0
@@ -133,15 +145,20 @@ def z_enumerate(C, R, H, mu, Z):
                 e += r[a] * r[a]
             if e < best_e:
                 best_e = e
-                best[:] = cur
-        Z[n] = best
+                for b in range(L):
+                    best[b] = cur[b]
+        for b in range(L):
+            Z[n, b] = best[b]
+
+
+def z_objective_qr(C, R, H, mu, Z, out):
+    """``out[n] = ||c_n - R z_n||^2 + mu * Hamming(z_n, h_n)``."""
+    _z_objective_qr(C, R, H, mu, Z, out, np.empty(C.shape[1]))
 
 
 @njit(cache=True, nogil=True, fastmath=True)
-def z_objective_qr(C, R, H, mu, Z, out):
-    """``out[n] = ||c_n - R z_n||^2 + mu * Hamming(z_n, h_n)``."""
+def _z_objective_qr(C, R, H, mu, Z, out, zf):
     N, L = C.shape
-    zf = np.empty(L)
     for n in range(N):
         ham = 0
         for b in range(L):
@@ -156,20 +173,22 @@ def z_objective_qr(C, R, H, mu, Z, out):
         out[n] = e + mu * ham
 
 
-@njit(cache=True, nogil=True, fastmath=True)
 def z_alternate(C, R, H, mu, Z, max_trials):
     """Alternating optimisation over bits, from the codes in ``Z``: flip bit ``i`` when it
     lowers the objective; stop after L consecutive positions without a change (or
     ``max_trials`` trials).  Never increases any point's objective."""
+    L = C.shape[1]
+    _z_alternate(C, R, H, mu, Z, max_trials, np.empty(L), np.empty(L), np.empty(L))
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _z_alternate(C, R, H, mu, Z, max_trials, r, col2, zf):
     N, L = C.shape
-    r = np.empty(L)
-    col2 = np.empty(L)
     for b in range(L):
         s = 0.0
         for a in range(L):
             s += R[a, b] * R[a, b]
         col2[b] = s
-    zf = np.empty(L)
     for n in range(N):
         for b in range(L):
             zf[b] = Z[n, b]

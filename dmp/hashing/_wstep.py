@@ -14,7 +14,6 @@ import numpy as np
 from dmp.kernels._jit import njit
 
 
-@njit(cache=True, nogil=True, fastmath=True)
 def sgd_svm(W, bias, steps, X, Y, order, batch, lam, eta0):
     """One pass of minibatch SGD on the L2-regularised hinge loss for each unit.
 
@@ -29,10 +28,17 @@ def sgd_svm(W, bias, steps, X, Y, order, batch, lam, eta0):
     unit cost a cache miss per point and unit).
     """
     m, D = W.shape
+    _sgd_svm(W, bias, steps, X, Y, order, batch, lam, eta0, np.empty(D), np.empty((batch, D)),
+             np.empty((batch, m)))
+
+
+# (the kernels allocate nothing: the callers pass their buffers, as the first cached kernel
+# that allocates makes Numba import its array implementation, tens of milliseconds of a
+# process's first fit; BENCHMARKS.md, "The first fit's array module")
+@njit(cache=True, nogil=True, fastmath=True)
+def _sgd_svm(W, bias, steps, X, Y, order, batch, lam, eta0, g, xb, yb):
+    m, D = W.shape
     N = order.shape[0]
-    g = np.empty(D)
-    xb = np.empty((batch, D))
-    yb = np.empty((batch, m))
     for s in range(0, N, batch):
         e = min(s + batch, N)
         nb = e - s
@@ -62,7 +68,6 @@ def sgd_svm(W, bias, steps, X, Y, order, batch, lam, eta0):
             steps[u] += 1
 
 
-@njit(cache=True, nogil=True, fastmath=True)
 def sgd_linear(W, bias, steps, Z, X, cols, order, batch, lam, eta0):
     """One pass of minibatch SGD on the squared error for each decoder unit.
 
@@ -72,10 +77,14 @@ def sgd_linear(W, bias, steps, Z, X, cols, order, batch, lam, eta0):
     ``eta0 / (1 + eta0 lam t)``.  Minibatches are gathered once for all units.
     """
     m, L = W.shape
+    _sgd_linear(W, bias, steps, Z, X, cols, order, batch, lam, eta0, np.empty(L),
+                np.empty((batch, L)), np.empty((batch, m)))
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _sgd_linear(W, bias, steps, Z, X, cols, order, batch, lam, eta0, g, zb, tb):
+    m, L = W.shape
     N = order.shape[0]
-    g = np.empty(L)
-    zb = np.empty((batch, L))
-    tb = np.empty((batch, m))
     for s in range(0, N, batch):
         e = min(s + batch, N)
         nb = e - s
@@ -124,7 +133,6 @@ def encode(X, W, bias) -> np.ndarray:
     return (np.asarray(X, dtype=np.float64) @ W.T + bias > 0).astype(np.uint8)
 
 
-@njit(cache=True, nogil=True, fastmath=True)
 def dcd_svm(W, bias, alpha, X, xsq, Y, order, C, beta):
     """One pass of dual coordinate descent (Hsieh et al. 2008, LIBLINEAR's solver of the
     L2-loss linear SVM) for each unit, over the points in ``order``.
@@ -138,11 +146,15 @@ def dcd_svm(W, bias, alpha, X, xsq, Y, order, C, beta):
     ``Y`` (N, m) the 0/1 labels.  Each point is read once for all units.  Returns the largest
     projected-gradient magnitude met (LIBLINEAR's stopping measure).
     """
+    return _dcd_svm(W, bias, alpha, X, xsq, Y, order, C, beta, np.empty(W.shape[1]))
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _dcd_svm(W, bias, alpha, X, xsq, Y, order, C, beta, xb):
     m, D = W.shape
     N = order.shape[0]
     half_c = 0.5 / C
     b2 = beta * beta
-    xb = np.empty(D)
     pg_max = 0.0
     for s in range(N):
         n = order[s]

@@ -137,18 +137,24 @@ def _blocks_size(bounds, blocks) -> int:
     return size
 
 
-@njit(cache=True, nogil=True)
+# The kernels allocate nothing: the callers below pass every array (the first cached kernel
+# that allocates makes Numba import its array implementation, tens of milliseconds of a
+# process's first fit; BENCHMARKS.md, "The first fit's array module").
 def gather_blocks(v, bounds, blocks, scale: float):
     """Concatenate ``scale * v[bounds[b]:bounds[b+1]]`` for ``b`` in ``blocks``."""
-    size = _blocks_size(bounds, blocks)
-    out = np.empty(size)
+    out = np.empty(_blocks_size(bounds, blocks))
+    _gather_blocks(v, bounds, blocks, scale, out)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _gather_blocks(v, bounds, blocks, scale, out):
     pos = 0
     for t in range(blocks.shape[0]):
         b = blocks[t]
         for c in range(bounds[b], bounds[b + 1]):
             out[pos] = scale * v[c]
             pos += 1
-    return out
 
 
 @njit(cache=True, nogil=True)
@@ -162,12 +168,16 @@ def scatter_add_blocks(out, bounds, blocks, values, scale: float) -> None:
             pos += 1
 
 
-@njit(cache=True, nogil=True)
 def shift_delta(grad, shift, bounds, blocks):
     """SEGA step on one worker: return ``(grad - shift)`` on ``blocks`` (concatenated) and
     set ``shift`` to ``grad`` there."""
-    size = _blocks_size(bounds, blocks)
-    out = np.empty(size)
+    out = np.empty(_blocks_size(bounds, blocks))
+    _shift_delta(grad, shift, bounds, blocks, out)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _shift_delta(grad, shift, bounds, blocks, out):
     pos = 0
     for t in range(blocks.shape[0]):
         b = blocks[t]
@@ -175,10 +185,8 @@ def shift_delta(grad, shift, bounds, blocks):
             out[pos] = grad[c] - shift[c]
             shift[c] = grad[c]
             pos += 1
-    return out
 
 
-@njit(cache=True, nogil=True)
 def saga_delta(indptr, indices, data, y, x, rows, loss_id: int, fit_intercept: bool,
                table, col_block, bounds, blocks):
     """SAGA step with a block-refreshed memory for a generalised linear model.
@@ -188,14 +196,20 @@ def saga_delta(indptr, indices, data, y, x, rows, loss_id: int, fit_intercept: b
     concatenated ``sum_{i in rows} (grad_i(x) - memory_i)`` on ``blocks`` and refreshes the
     memory of those rows on those blocks.
     """
-    m = bounds.shape[0] - 1
-    offset = np.full(m, -1, np.int64)
+    out = np.zeros(_blocks_size(bounds, blocks))
+    _saga_delta(indptr, indices, data, y, x, rows, loss_id, fit_intercept, table, col_block,
+                bounds, blocks, np.full(bounds.shape[0] - 1, -1, np.int64), out)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _saga_delta(indptr, indices, data, y, x, rows, loss_id, fit_intercept, table, col_block,
+                bounds, blocks, offset, out):
     pos = 0
     for t in range(blocks.shape[0]):
         b = blocks[t]
         offset[b] = pos
         pos += bounds[b + 1] - bounds[b]
-    out = np.zeros(pos)
     last = x.shape[0] - 1
     for t in range(rows.shape[0]):
         i = rows[t]
@@ -212,7 +226,6 @@ def saga_delta(indptr, indices, data, y, x, rows, loss_id: int, fit_intercept: b
                 out[offset[b] + last - bounds[b]] += s - table[i, b]
         for u in range(blocks.shape[0]):
             table[i, blocks[u]] = s
-    return out
 
 
 @njit(cache=True, nogil=True)
@@ -234,17 +247,21 @@ def prox_elastic_net(v, step: float, l1: float, l2: float, penalized: int, out) 
         out[c] = a
 
 
-@njit(cache=True, nogil=True)
 def row_sq_norms(indptr, data, fit_intercept: bool):
     """``|a_i|^2`` per row (plus 1 for the intercept column)."""
+    out = np.empty(indptr.shape[0] - 1)
+    _row_sq_norms(indptr, data, fit_intercept, out)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _row_sq_norms(indptr, data, fit_intercept, out):
     n = indptr.shape[0] - 1
-    out = np.empty(n)
     for i in range(n):
         s = 1.0 if fit_intercept else 0.0
         for q in range(indptr[i], indptr[i + 1]):
             s += data[q] * data[q]
         out[i] = s
-    return out
 
 
 @njit(cache=True, nogil=True)
@@ -256,7 +273,6 @@ def _splitmix64(state: np.uint64):
     return state, z ^ (z >> np.uint64(31))
 
 
-@njit(cache=True, nogil=True)
 def tau_nice(seed: np.int64, stream: np.int64, counter: np.int64, m: np.int64, tau: np.int64):
     """A uniformly random subset of ``tau`` of ``range(m)`` (sorted, int32).
 
@@ -264,24 +280,28 @@ def tau_nice(seed: np.int64, stream: np.int64, counter: np.int64, m: np.int64, t
     sequence keyed by the three values drives Floyd's algorithm, so every worker and
     round draws independently without keeping generator state.
     """
+    out = np.empty(tau, np.int32)
+    _tau_nice(seed, stream, counter, m, tau, np.zeros(m, np.bool_), out)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _tau_nice(seed, stream, counter, m, tau, chosen, out):
     state = np.uint64(seed) * np.uint64(0xD1B54A32D192ED03)
     state, _ = _splitmix64(state ^ np.uint64(stream))
     state = state * np.uint64(0x9E3779B97F4A7C15)
     state, _ = _splitmix64(state ^ np.uint64(counter))
-    chosen = np.zeros(m, np.bool_)
     for j in range(m - tau, m):
         state, r = _splitmix64(state)
         t = np.int64(r % np.uint64(j + 1))
         if chosen[t]:
             t = j
         chosen[t] = True
-    out = np.empty(tau, np.int32)
     pos = 0
     for i in range(m):
         if chosen[i]:
             out[pos] = i
             pos += 1
-    return out
 
 
 @njit(cache=True, nogil=True)
