@@ -287,9 +287,7 @@ def sample_dense(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta,
                   dnz, dnz_cnt, n_dk, phi, p, np.empty(K), np.empty(K))
 
 
-# (the kernels allocate nothing: their callers pass every array, as the first cached kernel
-# that allocates makes Numba import its array implementation, tens of milliseconds of a
-# process's first fit; BENCHMARKS.md, "The first fit's array module")
+# (the `_` kernels below take their arrays from their callers: dmp.kernels._jit)
 @njit(cache=True, nogil=True)
 def _sample_dense(t0, t1, tok_row, tok_doc, z, n_wk, n_k, u, alpha, beta, vbeta, dnz_ptr,
                   dnz, dnz_cnt, n_dk, phi, p, inv, inv_out):

@@ -46,9 +46,7 @@ def hamming_knn(queries, codes, k, out_idx, out_dist, n_bits):
                  np.empty(codes.shape[0], dtype=np.int32))
 
 
-# (the kernels allocate nothing: the callers pass their buffers, as the first cached kernel
-# that allocates makes Numba import its array implementation, tens of milliseconds of a
-# process's first fit; BENCHMARKS.md, "The first fit's array module")
+# (the `_` kernels below take their arrays from their callers: dmp.kernels._jit)
 @njit(cache=True, nogil=True)
 def _hamming_knn(queries, codes, k, out_idx, out_dist, n_bits, bucket, cnt, dist):
     n_q, W = queries.shape
@@ -114,7 +112,7 @@ def _z_enumerate(C, R, H, mu, Z, r, cur, best):
                 if hv[b]:
                     s -= R[a, b]
             r[a] = s
-        # (element loops: an array assignment compiles Numba's array module in)
+        # (element loops: an array assigned to a slice is an allocating step, dmp.kernels._jit)
         for b in range(L):
             cur[b] = hv[b]
             best[b] = hv[b]

@@ -32,9 +32,7 @@ def sgd_svm(W, bias, steps, X, Y, order, batch, lam, eta0):
              np.empty((batch, m)))
 
 
-# (the kernels allocate nothing: the callers pass their buffers, as the first cached kernel
-# that allocates makes Numba import its array implementation, tens of milliseconds of a
-# process's first fit; BENCHMARKS.md, "The first fit's array module")
+# (the `_` kernels below take their arrays from their callers: dmp.kernels._jit)
 @njit(cache=True, nogil=True, fastmath=True)
 def _sgd_svm(W, bias, steps, X, Y, order, batch, lam, eta0, g, xb, yb):
     m, D = W.shape

@@ -8,6 +8,14 @@ code needs at run time is Numba's runtime (NRT) and the symbols it links against
 Numba's helper library are registered when Numba is imported, the hash secret when
 ``numba.cpython.hashing`` is.  A kernel that is compiled (no cache yet, a new signature) still
 goes through Numba's compiler, which refreshes the context itself first.
+
+Kernels allocate nothing (no ``np.empty``/``np.zeros``/``np.full``, no array assigned to a
+slice): the cached code of such a step refers to Numba's array implementation, which loading
+the first such kernel imports (50-95 ms of a process's first fit; BENCHMARKS.md,
+"The first fit's array module").  A kernel that needs arrays is called through a thin Python
+function of the public name that makes them and calls a ``_``-prefixed kernel (as
+``uniform_init`` calls ``_uniform_fill``); `tests/test_small_fits.py` checks that no
+estimator's fit imports the module.
 """
 
 from __future__ import annotations

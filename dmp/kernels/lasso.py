@@ -290,9 +290,7 @@ def cd_sweeps(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha
                       max_sweeps, rel_tol, delta_out, dense, np.empty(k), np.empty(k))
 
 
-# (`cd_sweeps` and `gather_columns` allocate outside their kernels: the first cached kernel
-# that allocates makes Numba import its array implementation, tens of milliseconds of a
-# process's first fit; BENCHMARKS.md, "The first fit's array module")
+# (the `_` kernels below take their arrays from their callers: dmp.kernels._jit)
 @njit(cache=True, nogil=True)
 def _cd_sweeps(indptr, indices, data, sq_norms, means, col_sums, w, r, idx, alpha_n,
                max_sweeps, rel_tol, delta_out, dense, w_old, step):

@@ -82,10 +82,7 @@ def ccd_block_update(indptr, indices, res, F, k0, O, lam, delta):
                      c0, c1)
 
 
-# The kernels of a block-ALS fit allocate nothing (their callers below pass the buffers and
-# the typed zero): the first cached kernel that allocates makes Numba import its array
-# implementation, about 0.09 s of a process's first fit (BENCHMARKS.md, "The first fit's
-# array module").
+# (the `_` kernels below take their arrays from their callers: dmp.kernels._jit)
 def subtract_lowrank(indptr, indices, res, X, xk0, Y):
     """``res_ij -= sum_kk X[i, xk0+kk] * Y[j, kk]`` for every stored entry.
 

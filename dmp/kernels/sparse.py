@@ -13,9 +13,7 @@ def csc_column_stats(indptr, data):
     return sums, sq
 
 
-# (the kernels allocate nothing: the first cached kernel that allocates makes Numba import
-# its array implementation, tens of milliseconds of a process's first fit; BENCHMARKS.md,
-# "The first fit's array module")
+# (the `_` kernels below take their arrays from their callers: dmp.kernels._jit)
 @njit(cache=True, nogil=True)
 def _csc_column_stats(indptr, data, sums, sq):
     p = indptr.shape[0] - 1

@@ -137,9 +137,7 @@ def _blocks_size(bounds, blocks) -> int:
     return size
 
 
-# The kernels allocate nothing: the callers below pass every array (the first cached kernel
-# that allocates makes Numba import its array implementation, tens of milliseconds of a
-# process's first fit; BENCHMARKS.md, "The first fit's array module").
+# (the `_` kernels below take their arrays from their callers: dmp.kernels._jit)
 def gather_blocks(v, bounds, blocks, scale: float):
     """Concatenate ``scale * v[bounds[b]:bounds[b+1]]`` for ``b`` in ``blocks``."""
     out = np.empty(_blocks_size(bounds, blocks))
