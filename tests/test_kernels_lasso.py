@@ -161,7 +161,7 @@ def test_dense_correlations_equal_the_csc_pass_bit_for_bit(p):
     np.testing.assert_allclose(dense, X.T @ r, rtol=1e-12, atol=1e-12)
 
 
-def test_correlations_virtual_deltas_block_matvec():
+def test_correlations_gap_priorities_block_matvec():
     X, y = _problem(4)
     n, p = X.shape
     indptr, indices, data = _csc_parts(X)
@@ -174,14 +174,16 @@ def test_correlations_virtual_deltas_block_matvec():
     sq = (X ** 2).sum(axis=0)
     w = rng.standard_normal(p) * (rng.random(p) < 0.5)
     alpha_n = 0.5
-    vd = np.empty(p)
-    kernels.virtual_deltas(corr, sq, w, alpha_n, vd)
+    prio = np.empty(p)
+    dual_norm = kernels.gap_priorities(corr, sq, w, alpha_n, prio)
+    assert dual_norm == np.abs(corr).max()
     ref = np.zeros(p)
     for j in range(p):
         if sq[j] > 0:
             ref[j] = _soft(corr[j] + sq[j] * w[j], alpha_n) / sq[j] - w[j]
-    assert vd[3] == 0.0
-    np.testing.assert_allclose(vd, ref, rtol=1e-12, atol=1e-12)
+    assert prio[3] == 0.0
+    np.testing.assert_allclose(prio, ref ** 2, rtol=1e-12, atol=1e-12)
+    vd = ref
     # the virtual step is exactly what one coordinate update would do
     means = np.zeros(p)
     for j in [0, 5, 7]:
@@ -377,3 +379,37 @@ def test_priority_sample_draws_settled_variables_uniformly(p):
         counts[out] += 1
     dead = np.setdiff1d(np.arange(p), moving)
     assert chisquare(counts[dead]).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_priority_keys_top_chooses_the_k_smallest_keys(seed):
+    """The scheduler's key selection against numpy's sort of the same keys."""
+    rng = np.random.default_rng(seed)
+    p = int(rng.integers(5, 400))
+    prio = rng.exponential(1.0, p) * (rng.random(p) < 0.6)
+    live = np.flatnonzero(prio)
+    n_dead = p - len(live)
+    floor = 0.05
+    for k in sorted({1, 2, len(live) // 2 + 1, len(live), min(p, len(live) + 3)}):
+        if k < 1 or k > p or len(live) < k:
+            continue
+        m = min(k, n_dead)
+        e_live, e_dead = rng.standard_exponential(len(live)), rng.standard_exponential(m)
+        keys = np.concatenate([e_live / (prio[live] + floor),
+                               np.cumsum(e_dead / (floor * (n_dead - np.arange(m))))])
+        ids = np.empty(len(keys), np.int64)
+        c = kernels.priority_keys_top(prio, live, floor, n_dead, e_live, e_dead, k,
+                                      np.empty(len(keys)), ids)
+        best = np.argsort(keys, kind="stable")[:k]
+        assert c == int(np.count_nonzero(best >= len(live)))
+        assert sorted(ids[:k - c].tolist()) == sorted(live[best[best < len(live)]].tolist())
+
+    # the settled variables' uniform subset: those of the c smallest keys
+    dead = np.flatnonzero(prio == 0)
+    u = rng.random(len(dead))
+    for c in {1, len(dead) // 3 + 1, len(dead)}:
+        if not 1 <= c <= len(dead):
+            continue
+        out = np.empty(len(dead), np.int64)
+        kernels.uniform_settled(prio, u.copy() if c < len(dead) else np.empty(0), c, out)
+        assert sorted(out[:c].tolist()) == sorted(dead[np.argsort(u)[:c]].tolist())

@@ -260,3 +260,40 @@ def test_no_fit_loads_a_kernel_that_allocates():
                           text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-2:] == ["arrayobj", "False"], proc.stdout
+
+
+def test_plain_arrays_skip_scikit_learns_checks_and_anything_else_takes_them(monkeypatch):
+    """A float64 matrix and a numeric target, finite and of one length, are passed as they
+    are (what `validate_data` would return); every other input, bad ones included, still
+    goes through scikit-learn's checks and messages."""
+    import pytest
+    import dmp.base
+    from dmp.linear_model import Lasso, SparsifiedSGDClassifier
+
+    calls = []
+    real = dmp.base.validate_data
+    monkeypatch.setattr(dmp.base, "validate_data",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((30, 4))
+    y = X @ rng.standard_normal(4)
+    est = Lasso(alpha=0.01).fit(X, y)
+    assert calls == [] and est.n_features_in_ == 4
+    ref = Lasso(alpha=0.01).fit(X.tolist(), y)   # a list: scikit-learn converts it
+    assert calls == [1]
+    np.testing.assert_array_equal(est.coef_, ref.coef_)
+    labels = (y > 0).astype(int)
+    clf = SparsifiedSGDClassifier(max_iter=2, tol=None, random_state=0)
+    clf.fit(X, labels).partial_fit(X, labels)
+    assert calls == [1]
+    for bad_X, bad_y, message in [
+            (np.where(X > 1, np.nan, X), y, "Input X contains NaN"),
+            (X, np.where(y > 1, np.inf, y), "Input y contains infinity"),
+            (X, y[:-1], "inconsistent numbers of samples"),
+            (X[:, :0], y, "0 feature"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            Lasso(alpha=0.01).fit(bad_X, bad_y)
+    with pytest.raises(ValueError, match="expecting 4 features"):
+        clf.partial_fit(X[:, :3], labels)
+    assert len(calls) == 6

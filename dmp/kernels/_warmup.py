@@ -34,12 +34,18 @@ def warm_lasso() -> None:
     lasso.cd_sweep(full, indices, np.ones(n * p), sq, means, sums, w, r, idx, 0.1, out, True)
     lasso.cd_sweeps(full, indices, np.ones(n * p), sq, means, sums, w, r, idx, 0.1, 2, 1e-6,
                     out, True)
-    lasso.virtual_deltas(out, sq, w, 0.1, out.copy())
+    lasso.gap_priorities(out, sq, w, 0.1, out.copy())
     lasso.block_matvec(indptr, indices, data, means, w, np.zeros(n))
     nnz = len(data)
     lasso.dependency_filter(indptr, indices, data, means, sq, idx, p, 0.5, float(n), 10 * nnz,
                             np.full(n, -1, np.int64), np.empty(nnz, np.int64),
                             np.empty(nnz, np.int64), np.empty(nnz), np.empty(p, np.int64))
+    # the scheduler's priority sampling (`priority_sample`)
+    prio = np.array([0.0, 1.0, 2.0, 0.0])
+    live = np.flatnonzero(prio)
+    lasso.priority_keys_top(prio, live, 0.1, 2, np.ones(2), np.ones(2), 2, np.empty(4),
+                            np.empty(4, np.int64))
+    lasso.uniform_settled(prio, np.ones(2), 1, np.empty(2, np.int64))
 
 
 def warm_sparsify() -> None:

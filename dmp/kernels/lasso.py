@@ -163,17 +163,22 @@ def dense_correlations(data, n, r, out):
 
 
 @njit(cache=True, nogil=True)
-def virtual_deltas(corr, sq_norms, w, alpha_n, out):
-    """The step each coordinate would take from the current residual (no update applied).
-
-    Used to refresh STRADS priorities of every variable after a full gradient pass.
-    """
+def gap_priorities(corr, sq_norms, w, alpha_n, prio):
+    """``prio[j]``: the square of the step coordinate ``j`` would take from the current
+    residual (no update applied), every variable's STRADS priority after a full gradient
+    pass; returns ``max_j |corr[j]|``, the dual norm of the duality gap."""
+    dual_norm = 0.0
     for j in range(corr.shape[0]):
+        c = corr[j]
+        if abs(c) > dual_norm:
+            dual_norm = abs(c)
         nrm = sq_norms[j]
         if nrm <= 0.0:
-            out[j] = 0.0
+            prio[j] = 0.0
         else:
-            out[j] = soft_threshold(corr[j] + nrm * w[j], alpha_n) / nrm - w[j]
+            step = soft_threshold(c + nrm * w[j], alpha_n) / nrm - w[j]
+            prio[j] = step * step
+    return dual_norm
 
 
 @njit(cache=True, nogil=True)
@@ -340,3 +345,83 @@ def _gather_columns(indptr, indices, data, idx, ip, ind, dat):
             ind[q0] = indices[q]
             dat[q0] = data[q]
             q0 += 1
+
+
+@njit(cache=True, nogil=True)
+def _select_smallest(keys, ids, k):
+    """Reorder ``keys`` and ``ids`` together so that the ``k`` smallest keys come first (in
+    no particular order): Wirth's quickselect with a median-of-three pivot."""
+    lo = 0
+    hi = keys.shape[0] - 1
+    target = k - 1
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if keys[mid] < keys[lo]:
+            keys[mid], keys[lo] = keys[lo], keys[mid]
+            ids[mid], ids[lo] = ids[lo], ids[mid]
+        if keys[hi] < keys[lo]:
+            keys[hi], keys[lo] = keys[lo], keys[hi]
+            ids[hi], ids[lo] = ids[lo], ids[hi]
+        if keys[hi] < keys[mid]:
+            keys[hi], keys[mid] = keys[mid], keys[hi]
+            ids[hi], ids[mid] = ids[mid], ids[hi]
+        pivot = keys[mid]
+        i = lo
+        j = hi
+        while i <= j:
+            while keys[i] < pivot:
+                i += 1
+            while keys[j] > pivot:
+                j -= 1
+            if i <= j:
+                keys[i], keys[j] = keys[j], keys[i]
+                ids[i], ids[j] = ids[j], ids[i]
+                i += 1
+                j -= 1
+        if target <= j:
+            hi = j
+        elif target >= i:
+            lo = i
+        else:
+            break
+
+
+@njit(cache=True, nogil=True)
+def priority_keys_top(prio, live, floor, n_dead, e_live, e_dead, k, keys, ids):
+    """The ``k`` smallest exponential keys of STRADS' priority sampling (`priority_sample`):
+    ``e_live[i] / (prio[live[i]] + floor)`` for the moving variables, and the first
+    ``len(e_dead)`` order statistics of the ``n_dead`` settled variables' keys (Renyi's
+    representation, cumulated ``e_dead[j] / (floor (n_dead - j))``).  Leaves the chosen
+    moving variables in ``ids[:k - c]`` and returns ``c``, how many settled ones were
+    chosen (``keys`` and ``ids`` are work buffers of ``len(live) + len(e_dead)``)."""
+    n_live = live.shape[0]
+    for i in range(n_live):
+        keys[i] = e_live[i] / (prio[live[i]] + floor)
+        ids[i] = live[i]
+    acc = 0.0
+    for j in range(e_dead.shape[0]):
+        acc += e_dead[j] / (floor * (n_dead - j))
+        keys[n_live + j] = acc
+        ids[n_live + j] = -1
+    if k < keys.shape[0]:
+        _select_smallest(keys, ids, k)
+    m = 0
+    for i in range(k):
+        if ids[i] >= 0:
+            ids[m] = ids[i]
+            m += 1
+    return k - m
+
+
+@njit(cache=True, nogil=True)
+def uniform_settled(prio, u, c, ids):
+    """``c`` settled variables (``prio == 0``), those of the ``c`` smallest of their uniform
+    keys ``u`` (one per settled variable, in variable order): a uniform subset, left in
+    ``ids[:c]`` (``ids`` a work buffer of ``len(u)``)."""
+    m = 0
+    for j in range(prio.shape[0]):
+        if prio[j] == 0.0:
+            ids[m] = j
+            m += 1
+    if c < m:
+        _select_smallest(u, ids, c)

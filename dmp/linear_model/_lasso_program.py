@@ -58,6 +58,7 @@ _NO_QUANTILES = [float("nan")] * 5
 _KEYED_DEAD_DRAW = 4096
 # at most about this many scheduled priorities enter the per-round quantiles
 _QUANTILE_SAMPLE = 4096
+_NO_DRAWS = np.empty(0)
 
 
 def _quantiles(values: np.ndarray) -> list:
@@ -100,27 +101,22 @@ def priority_sample(prio, floor, k, rng):
         # at one), the rest of the round is a uniform draw from the floor
         chosen_live, c = live, k - len(live)
     else:
-        keys_live = rng.standard_exponential(len(live)) / (prio[live] + floor)
-        keys_dead = np.empty(0)
+        e_live = rng.standard_exponential(len(live))
         m = min(k, n_dead)
-        if m:
-            steps = rng.standard_exponential(m) / (floor * (n_dead - np.arange(m)))
-            keys_dead = np.cumsum(steps)
-        keys = np.concatenate([keys_live, keys_dead])
-        if k < len(keys):
-            top = np.argpartition(keys, k - 1)[:k]
-        else:
-            top = np.arange(len(keys))
-        chosen_live = live[top[top < len(live)]]
-        c = int(np.count_nonzero(top >= len(live)))
+        e_dead = rng.standard_exponential(m) if m else _NO_DRAWS
+        ids = np.empty(len(live) + m, dtype=np.int64)
+        c = kernels.priority_keys_top(prio, live, floor, n_dead, e_live, e_dead, k,
+                                      np.empty(len(ids)), ids)
+        chosen_live = ids[:k - c]
     if c == 0:
         return chosen_live
     if n_dead <= _KEYED_DEAD_DRAW:
         # few enough to give each a uniform key: the c smallest are a uniform subset (one
         # pass, against the rejection loop's several numpy calls)
-        dead = np.flatnonzero(prio == 0)
-        if c < n_dead:
-            dead = dead[np.argpartition(rng.random(n_dead), c - 1)[:c]]
+        dead = np.empty(n_dead, dtype=np.int64)
+        kernels.uniform_settled(prio, rng.random(n_dead) if c < n_dead else _NO_DRAWS, c,
+                                dead)
+        dead = dead[:c]
     elif n_dead == p:
         dead = rng.choice(p, size=c, replace=False)
     else:
@@ -413,10 +409,9 @@ class LassoProgram(Program):
             kernels.dense_correlations(s["data"], s["n"], s["r"], corr)
         else:
             kernels.correlations(s["indptr"], s["indices"], s["data"], s["r"], corr)
-        vd = np.empty_like(corr)
-        kernels.virtual_deltas(corr, s["sq"], s["w"], self.alpha * s["n"], vd)
-        return GapPartial(dual_norm=float(np.abs(corr).max(initial=0.0)),
-                          prio=vd * vd, l1=float(np.abs(s["w"]).sum()))
+        prio = np.empty_like(corr)
+        dual_norm = kernels.gap_priorities(corr, s["sq"], s["w"], self.alpha * s["n"], prio)
+        return GapPartial(dual_norm=dual_norm, prio=prio, l1=float(np.abs(s["w"]).sum()))
 
     def _push_cd(self, s, plan: CDPlan) -> CDPartial:
         gap_before = self._push_gap(s) if plan.gap_first else None
