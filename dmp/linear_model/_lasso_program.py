@@ -665,23 +665,25 @@ class LassoProgram(Program):
                 d.l1 + sum(_l1_change(a, b, 1.0) for a, b in zip(w_old, deltas)))
             if g1 > g0:
                 t = _exact_step(r, D, np.concatenate(w_old), np.concatenate(deltas), nalpha)
+        if t != 1.0:   # (the full step, the usual one, scales nothing)
+            D *= t
+            deltas = [t * b for b in deltas]
         # |w| of each partition's set after the step: its l1 change and its largest entry
-        moved = [np.abs(a + t * b) for a, b in zip(w_old, deltas)]
+        moved = [np.abs(a + b) for a, b in zip(w_old, deltas)]
         d.l1 += sum([float(m.sum() - np.abs(a).sum()) for m, a in zip(moved, w_old)])
-        r += t * D
+        r += D
         n_kept = 0
-        for k, pt in enumerate(partials):
+        for k, (pt, b) in enumerate(zip(partials, deltas)):
             kept = pt.kept
             n_kept += len(kept)
-            gidx = kept + d.starts[k]
-            d.prio[gidx] = (t * pt.delta) ** 2
+            d.prio[kept + d.starts[k] if k else kept] = b * b
         d.since_check += n_kept
         d.updates += n_kept
         d.objective = self._objective(r, d.l1)
         d.last = {"kind": "cd", "n_candidates": int(sum(pt.n_cand for pt in partials)),
                   "n_kept": n_kept, "step": t,
                   "priority_q": d.priority_q.pop(round, _NO_QUANTILES)}
-        moving = t * max((float(np.abs(b).max(initial=0.0)) for b in deltas), default=0.0)
+        moving = max((float(np.abs(b).max(initial=0.0)) for b in deltas), default=0.0)
         round_w_max = max((float(m.max(initial=0.0)) for m in moved), default=0.0)
         d.max_abs_w = max(d.max_abs_w, round_w_max)
         if self.inner_sweeps == 1:
@@ -700,7 +702,7 @@ class LassoProgram(Program):
             d.need_gap = True
             if (d.n_checks + 1) % self.refresh_every == 0:
                 d.need_refresh = True
-        return Broadcast(CDUpdate(round=round, D=_encode(t * D), t=t))
+        return Broadcast(CDUpdate(round=round, D=_encode(D), t=t))
 
     def _pull_gap(self, partials: list[GapPartial]) -> None:
         d = self.driver
