@@ -266,13 +266,65 @@ class SlowCounter(Counter):
         return {"done": self.driver["rounds"]}
 
 
-def test_the_progress_bar_draws_at_most_ten_times_a_second_with_its_postfix(capsys):
-    """A fit of many short rounds draws its progress bar at tqdm's interval, not once per
-    round (each draw a line in a log file), and the last draw has the last postfix."""
-    res = run(SlowCounter(), LocalBackend(1), max_iter=400, show_progress=True, desc="slow")
+def test_the_progress_bar_draws_at_most_ten_times_a_second_with_its_postfix(monkeypatch):
+    """On a terminal, a fit of many short rounds draws tqdm's bar at its interval, not once
+    per round, and the last draw has the last postfix."""
+    import os
+    import pty
+    import sys
+
+    import fcntl
+    import struct
+    import termios
+
+    master, replica = pty.openpty()
+    # a terminal 120 columns wide (a new one has none: tqdm would draw an empty bar)
+    fcntl.ioctl(replica, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    tty = os.fdopen(replica, "w")
+    try:
+        monkeypatch.setattr(sys, "stderr", tty)
+        res = run(SlowCounter(), LocalBackend(1), max_iter=400, show_progress=True,
+                  desc="slow")
+        tty.flush()
+        monkeypatch.undo()
+        # read while the terminal is open (closing it may drop what is unread)
+        os.set_blocking(master, False)
+        err = b""
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except BlockingIOError:
+                break
+            err += chunk
+    finally:
+        tty.close()
+        os.close(master)
+    err = err.decode()
     assert res.n_rounds == 400
-    err = capsys.readouterr().err
     draws = err.count("\r")
     assert 2 <= draws <= max(20, 15 * res.wall_s)
-    last = err.rstrip("\n").split("\r")[-1]
+    last = err.rstrip("\r\n").split("\r")[-1]
     assert "400/400" in last and "done=400" in last
+
+
+def test_progress_in_a_log_file_is_whole_lines_at_an_interval(capsys, monkeypatch):
+    """Not on a terminal (a log file, a pipe), progress is a line every interval and one
+    at the end, never a carriage return."""
+    import dmp.engine.progress as progress
+
+    res = run(SlowCounter(), LocalBackend(1), max_iter=400, show_progress=True, desc="slow")
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    lines = err.splitlines()
+    assert 1 <= len(lines) <= 1 + res.wall_s / progress.LINE_INTERVAL_S
+    assert lines[-1].startswith("slow: 400/400 rounds, ") and lines[-1].endswith(", done=400")
+
+    monkeypatch.setattr(progress, "LINE_INTERVAL_S", 0.05)
+    monkeypatch.setattr(progress.LineProgress.__init__, "__defaults__", (0.05,))
+    res = run(SlowCounter(), LocalBackend(1), max_iter=400, show_progress=True, desc="slow")
+    lines = capsys.readouterr().err.splitlines()
+    counts = [int(line.split(": ")[1].split("/")[0]) for line in lines]
+    # a line every 0.05 s of a fit of at least 0.4 s, in order, the last one at the end
+    assert len(lines) >= 4 and counts == sorted(counts) and counts[-1] == 400
+    assert len(set(counts)) == len(counts)
+    assert len(lines) <= 2 + res.wall_s / 0.05

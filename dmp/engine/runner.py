@@ -1,7 +1,7 @@
 """The round loop: schedule -> push on every partition -> barrier -> pull -> apply.
 
 Also: bounded staleness (rounds kept in flight), stopping rules, per-round metrics, Dask
-events, callbacks, a progress bar, Zarr checkpoints and recovery from worker loss.
+events, callbacks, progress (`progress`), Zarr checkpoints and recovery from worker loss.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .checkpoint import CheckpointStore, expected_nbytes
 from .comm import payload_nbytes
 from .events import FitEvents
 from .program import Broadcast
+from .progress import progress_bar
 
 logger = logging.getLogger("dmp")
 
@@ -68,16 +69,6 @@ def _pull_bytes(updates, n_partitions: int) -> int:
     if isinstance(updates, Broadcast):
         return payload_nbytes(updates.value) * n_partitions
     return payload_nbytes(updates)
-
-
-def _progress_bar(show_progress, total, desc):
-    if not show_progress:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # pragma: no cover - tqdm is a dependency
-        return None
-    return tqdm(total=total, desc=desc, leave=True, dynamic_ncols=True)
 
 
 def _fresh_driver_nbytes(program):
@@ -269,7 +260,7 @@ class _Run:
         except SchedulerLostError as exc:
             raise self._scheduler_lost(exc, self._reached()) from exc
         self.events.start()
-        self.bar = _progress_bar(self.show_progress, self.max_iter, self.desc)
+        self.bar = progress_bar(self.show_progress, self.max_iter, self.desc)
         if self.bar is not None and self.round:
             self.bar.update(self.round)
         self.offset = self._last_time()
