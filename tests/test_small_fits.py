@@ -158,7 +158,8 @@ _EVERY_KERNEL_FIT = textwrap.dedent("""
 
 def test_a_fresh_process_loads_every_kernel_without_numbas_compiler_setup(tmp_path):
     """Cached kernels load with Numba's runtime only (`dmp.kernels._jit`): a fresh process
-    fits every estimator without Numba's compiler registries, to the same results as here
+    fits every estimator without Numba's compiler registries or its extensions' entry
+    points, to the same results as here
     (where the kernels were compiled or loaded before)."""
     scope = {}
     exec(_EVERY_KERNEL_FIT, scope)
@@ -166,12 +167,15 @@ def test_a_fresh_process_loads_every_kernel_without_numbas_compiler_setup(tmp_pa
     code = _EVERY_KERNEL_FIT + textwrap.dedent(f"""
         out = every_kernel_fit()
         np.savez({str(tmp_path / "child.npz")!r}, **out)
+        import numba.core.entrypoints
         print("registries", "numba.np.linalg" in sys.modules)
+        print("extensions", numba.core.entrypoints._already_initialized)
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == ["registries", "False"], (
-        f"a fit in a fresh process loaded Numba's compiler registries: {proc.stdout}")
+    assert proc.stdout.split() == ["registries", "False", "extensions", "False"], (
+        f"a fit in a fresh process loaded Numba's compiler registries or scanned the "
+        f"installed packages for Numba extensions: {proc.stdout}")
     with np.load(tmp_path / "child.npz") as child:
         assert sorted(child.files) == sorted(here)
         for name, value in here.items():

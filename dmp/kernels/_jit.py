@@ -7,7 +7,9 @@ CPU once per process (BENCHMARKS.md), most of a small first fit, which needs non
 code needs at run time is Numba's runtime (NRT) and the symbols it links against: those of
 Numba's helper library are registered when Numba is imported, the hash secret when
 ``numba.cpython.hashing`` is.  A kernel that is compiled (no cache yet, a new signature) still
-goes through Numba's compiler, which refreshes the context itself first.
+goes through Numba's compiler, which refreshes the context itself first.  Nor does a kernel's
+first call scan the installed packages for Numba extensions (10 ms; dmp's kernels take numpy
+arrays and scalars only).
 
 Kernels allocate nothing (no ``np.empty``/``np.zeros``/``np.full``, no array assigned to a
 slice): the cached code of such a step refers to Numba's array implementation, which loading
@@ -55,8 +57,16 @@ def njit(**options):
         cache = getattr(dispatcher, "_cache", None)
         if _RuntimeOnlyCache is not None and type(cache) is _FunctionCache:
             cache.__class__ = _RuntimeOnlyCache
+        # a kernel's first call would load the Numba extensions installed in the
+        # environment (a scan of every package's entry points): dmp's kernels take numpy
+        # arrays and scalars only, which need none; other Numba code still loads them
+        dispatcher._compilation_chain_init_hook = _no_extensions
         return dispatcher
     return decorate
+
+
+def _no_extensions() -> None:
+    """A dmp kernel's compilation chain hook: nothing to register (`njit`)."""
 
 
 def loads_without_refresh(dispatcher) -> bool:
