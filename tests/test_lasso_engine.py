@@ -233,6 +233,8 @@ def test_objective_non_increasing(schedule):
     coef = np.concatenate([a["w"] for a in res.partition_arrays])
     Xd = X.toarray()
     b = prog.driver["intercept"]
+    # the intercept from the partitions' shares of col_sums . coef: the closed form
+    np.testing.assert_allclose(b, y.mean() - Xd.mean(axis=0) @ coef, rtol=1e-12, atol=1e-12)
     true = 0.5 * np.mean((y - Xd @ coef - b) ** 2) + prog.alpha * np.abs(coef).sum()
     np.testing.assert_allclose(hist[-1]["objective"], true, rtol=1e-10)
     steps = np.array([h["step"] for h in cd])

@@ -162,12 +162,13 @@ class SparseDataset(_StoredDataset):
     AXIS = 1
     REQUIRED_ATTRS = _REQUIRED_ATTRS
 
-    def load_col_stats(self) -> tuple[np.ndarray, np.ndarray]:
-        """Return ``(col_sums, col_sq_norms)``, float64 of shape (n_features,) each."""
+    def load_col_stats(self, cols: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+        """Return ``(col_sums, col_sq_norms)`` of the columns ``cols`` (all by default), float64
+        each (a partition reads only its own columns' statistics)."""
         g = self._group()
         out = []
         for name in ("col_sums", "col_sq_norms"):
-            a = self._read(g, name, "dataset", "float64", self.n_features)
+            a = self._read(g, name, "dataset", "float64", self.n_features, cols)
             if not np.all(np.isfinite(a)):
                 raise DatasetError(f"dataset: {name!r} contains NaN or infinite values")
             out.append(a)
@@ -307,10 +308,10 @@ class InMemorySparseDataset:
     def load_y(self) -> np.ndarray:
         return self._y
 
-    def load_col_stats(self):
+    def load_col_stats(self, cols: slice = slice(None)):
         if self._stats is None:
             self._stats = column_stats(self._X)
-        return self._stats
+        return self._stats[0][cols], self._stats[1][cols]
 
     def shard_nnz(self) -> np.ndarray:
         return np.diff(self._X.indptr[self.col_bounds])

@@ -347,9 +347,9 @@ class LassoProgram(Program):
         c0, c1 = spec["cols"]
         n = X.shape[0]
         y = ds.load_y()
-        col_sums, col_sq = ds.load_col_stats()
-        col_sums = np.ascontiguousarray(col_sums[c0:c1], dtype=np.float64)
-        col_sq = np.ascontiguousarray(col_sq[c0:c1], dtype=np.float64)
+        col_sums, col_sq = ds.load_col_stats(slice(c0, c1))
+        col_sums = np.ascontiguousarray(col_sums, dtype=np.float64)
+        col_sq = np.ascontiguousarray(col_sq, dtype=np.float64)
         if self.fit_intercept:
             means = col_sums / n
             sq = np.maximum(col_sq - n * means * means, 0.0)
@@ -479,7 +479,12 @@ class LassoProgram(Program):
                 raise unexpected(self, "an update", update, _UPDATES)
 
     def partition_arrays(self, s):
-        return {"w": s["w"].copy()}
+        out = {"w": s["w"].copy()}
+        if self.fit_intercept:
+            # the partition's share of ``col_sums . coef`` for the intercept: the driver
+            # need not read every column's sum from the store (`finish`)
+            out["col_dot"] = np.array(float(s["col_sums"] @ s["w"]))
+        return out
 
     def checkpoint_arrays(self, s):
         # the partition's own residual too: rebuilt from the coefficients instead, it
@@ -812,7 +817,6 @@ class LassoProgram(Program):
         d = self.driver
         d.coef = coef = np.concatenate([a["w"] for a in partition_arrays])
         if self.fit_intercept:
-            col_sums, _ = self.dataset.load_col_stats()
-            d.intercept = d.ymean - float(np.asarray(col_sums) @ coef) / d.n
+            d.intercept = d.ymean - sum(float(a["col_dot"]) for a in partition_arrays) / d.n
         else:
             d.intercept = 0.0

@@ -36,10 +36,14 @@ def _assert_roundtrip(ds, dense, y):
     np.testing.assert_allclose(s, dense.sum(axis=0), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(q, (dense ** 2).sum(axis=0), rtol=1e-12, atol=1e-12)
     assert ds.nnz == np.count_nonzero(dense)
-    # each shard holds exactly its column range
+    # each shard holds exactly its column range (and its columns' statistics read alone
+    # are those of the whole)
     for k in range(ds.n_shards):
         c0, c1 = ds.col_bounds[k], ds.col_bounds[k + 1]
         np.testing.assert_array_equal(ds.load_shard(k).toarray(), dense[:, c0:c1])
+        sk, qk = ds.load_col_stats(slice(c0, c1))
+        np.testing.assert_array_equal(sk, s[c0:c1])
+        np.testing.assert_array_equal(qk, q[c0:c1])
         assert ds.shard_nnz()[k] == np.count_nonzero(dense[:, c0:c1])
     ds.validate()
 
