@@ -320,7 +320,6 @@ def test_progress_in_a_log_file_is_whole_lines_at_an_interval(capsys, monkeypatc
     assert lines[-1].startswith("slow: 400/400 rounds, ") and lines[-1].endswith(", done=400")
 
     monkeypatch.setattr(progress, "LINE_INTERVAL_S", 0.05)
-    monkeypatch.setattr(progress.LineProgress.__init__, "__defaults__", (0.05,))
     res = run(SlowCounter(), LocalBackend(1), max_iter=400, show_progress=True, desc="slow")
     lines = capsys.readouterr().err.splitlines()
     counts = [int(line.split(": ")[1].split("/")[0]) for line in lines]

@@ -40,12 +40,12 @@ def _isatty(stream) -> bool:
 
 class LineProgress:
     """Progress as whole lines on standard error: ``desc: n/total rounds, s seconds,
-    postfix`` every ``interval`` seconds and when closed."""
+    postfix`` every ``interval`` seconds (`LINE_INTERVAL_S` by default) and when closed."""
 
-    def __init__(self, total: int, desc: str, interval: float = LINE_INTERVAL_S):
+    def __init__(self, total: int, desc: str, interval: float | None = None):
         self.total = total
         self.desc = desc
-        self.interval = interval
+        self.interval = LINE_INTERVAL_S if interval is None else interval
         self.n = 0
         self.postfix: dict = {}
         self.t0 = self.t_line = time.monotonic()
