@@ -103,6 +103,15 @@ def count(key: str) -> int:
     return out
 
 
+def choice(key: str, options: tuple[str, ...]) -> str:
+    """Setting ``key`` as one of the words ``options`` (any case)."""
+    value = get(key)
+    word = value.strip().lower() if isinstance(value, str) else value
+    if word not in options:
+        raise _bad(key, value, "one of " + ", ".join(map(repr, options)))
+    return word
+
+
 def flag(key: str) -> bool:
     """Setting ``key`` as a switch: a boolean, or one of ``on``/``off``, ``yes``/``no``,
     ``true``/``false``, ``1``/``0`` (an environment variable gives a string)."""

@@ -1,5 +1,6 @@
 """Ring messages (`Sends`) between partitions: payloads of every shape arrive intact, in
-process and worker to worker on Dask, where large arrays travel in pieces."""
+process and worker to worker on Dask, on plain sockets and through Dask's comm (where large
+arrays travel in pieces)."""
 
 import pickle
 import time
@@ -107,12 +108,19 @@ def test_split_and_assemble_round_trip():
     assert out == (1, _Piecewise((3, 4, 1))) and pieces[0][0] == (3, 4, 1)
 
 
+@pytest.fixture(params=["socket", "dask"])
+def ring_transport(request, dask_settings):
+    """Each of ``dmp.ring.transport``'s ways, in turn."""
+    dask_settings({"dmp.ring.transport": request.param})
+    return request.param
+
+
 def test_messages_arrive_in_process():
     _fit_and_check(LocalBackend(3), 3)
 
 
 @pytest.mark.dask
-def test_large_messages_arrive_worker_to_worker(dask_client):
+def test_large_messages_arrive_worker_to_worker(dask_client, ring_transport):
     from dmp.engine.backends.dask import DaskBackend
 
     backend = DaskBackend(dask_client)
@@ -155,7 +163,8 @@ class SlowArrival(PassLeft):
 @pytest.mark.dask
 @pytest.mark.parametrize("staleness", [0, 1])
 def test_a_push_sees_the_previous_rounds_message_however_late_it_lands(dask_client,
-                                                                        staleness):
+                                                                        staleness,
+                                                                        ring_transport):
     """A sender does not wait for the receiver to confirm a message (the receiver's next
     round waits for it instead: the hand-over is quick), and an undeclared ring program's rounds
     run bulk synchronously even with staleness: every push sees its message and the partitions
@@ -263,7 +272,8 @@ class RefusesARound(SlowArrival):
 
 @pytest.mark.dask
 @pytest.mark.parametrize("staleness", [0, 1])
-def test_a_message_the_receiver_cannot_take_in_fails_the_fit(dask_client, staleness):
+def test_a_message_the_receiver_cannot_take_in_fails_the_fit(dask_client, staleness,
+                                                              ring_transport):
     """Ring messages are one-way: the receiver's failure is raised by its next call."""
     from dmp.engine.backends.dask import DaskBackend
 
@@ -276,13 +286,15 @@ def test_a_message_the_receiver_cannot_take_in_fails_the_fit(dask_client, stalen
 
 
 def _open_ring_connections(dask_worker):
+    from dmp.engine import ring
     from dmp.engine.worker import RING_HANDLER
 
-    return sum(op == RING_HANDLER for op in dask_worker._comms.values())
+    return {"dask": sum(op == RING_HANDLER for op in dask_worker._comms.values()),
+            "socket": ring.open_connections(dask_worker)}
 
 
 @pytest.mark.dask
-def test_closing_the_backend_closes_the_ring_connections(dask_client):
+def test_closing_the_backend_closes_the_ring_connections(dask_client, ring_transport):
     import time
 
     from dmp.engine.backends.dask import DaskBackend
@@ -291,19 +303,21 @@ def test_closing_the_backend_closes_the_ring_connections(dask_client):
         # the shared cluster's earlier fits close their connections asynchronously
         deadline = time.monotonic() + 10
         while True:
-            n = sum(dask_client.run(_open_ring_connections).values())
-            if not (wait_for_none and n) or time.monotonic() > deadline:
+            counts = dask_client.run(_open_ring_connections).values()
+            n = {kind: sum(c[kind] for c in counts) for kind in ("dask", "socket")}
+            if not (wait_for_none and any(n.values())) or time.monotonic() > deadline:
                 return n
             time.sleep(0.1)
 
-    assert open_connections(wait_for_none=True) == 0
+    assert open_connections(wait_for_none=True) == {"dask": 0, "socket": 0}
     backend = DaskBackend(dask_client)
     try:
         _fit_and_check(backend, 2)
-        assert open_connections() == 2
+        other = "dask" if ring_transport == "socket" else "socket"
+        assert open_connections() == {ring_transport: 2, other: 0}
     finally:
         backend.close()
-    assert open_connections(wait_for_none=True) == 0
+    assert open_connections(wait_for_none=True) == {"dask": 0, "socket": 0}
 
 
 class AllToAll(Program):
@@ -386,7 +400,8 @@ def _counting_backend(dask_client):
 
 @pytest.mark.dask
 @pytest.mark.parametrize("staleness", [0, 1])
-def test_batched_rounds_see_every_message_of_the_round_before(dask_client, staleness):
+def test_batched_rounds_see_every_message_of_the_round_before(dask_client, staleness,
+                                                               ring_transport):
     """Rounds run in batches (one call per partition for many rounds) that grow from one
     round, never cross a round that starts drained (every ``checkpoint_every``-th), and each
     push inside a batch waits for the other partitions' messages of the round before."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -13,8 +15,11 @@ from .. import config
 from ..exceptions import CheckpointError
 from ..utils.heap import reuse_heap
 from .checkpoint import expected_nbytes, read_arrays, write_arrays
+from . import ring
 from .comm import payload_nbytes
 from .program import Sends
+
+logger = logging.getLogger(__name__)
 
 
 # arrays of a ring message larger than ``dmp.ring.piece-bytes`` travel in pieces of about
@@ -231,8 +236,9 @@ class PartitionWorker:
 
 
 async def _ring_handler(comm, worker):
-    """A worker's end of ring connections: one-way messages from a partition on another (or
-    the same) worker, taken in the order sent and handed to the partition they name."""
+    """A worker's end of ring connections of the ``dask`` transport: one-way messages from a
+    partition on another (or the same) worker, taken in the order sent and handed to the
+    partition they name."""
     from distributed.comm import CommClosedError
     from distributed.core import Status
 
@@ -251,7 +257,7 @@ async def _ring_handler(comm, worker):
             else:
                 await partition.deliver(msg["round"], msg["src"], msg["payload"])
         except Exception as exc:   # noqa: BLE001 - reported by the receiving partition
-            await partition.ring_failed(exc)
+            partition.ring_failed_now(exc)
 
 
 class ActorPartitionWorker(PartitionWorker):
@@ -262,9 +268,11 @@ class ActorPartitionWorker(PartitionWorker):
     (the kernels release the GIL) so the worker's event loop stays responsive.
 
     Ring messages travel worker to worker as one-way messages on one connection per pair of
-    partitions (to the worker's `RING_HANDLER`), not as actor calls: a call costs both
-    workers its reply, and on a machine whose cores the workers share that CPU time is on
-    the critical path (BENCHMARKS.md, "Ring messages without replies").  A message is
+    partitions, not as actor calls: a call costs both workers its reply, and on a machine
+    whose cores the workers share that CPU time is on the critical path (BENCHMARKS.md,
+    "Ring messages without replies").  The connection is a plain socket written by the push
+    thread (`dmp.engine.ring`, the ``socket`` transport of ``dmp.ring.transport``) or a Dask
+    comm to the worker's `RING_HANDLER` (``dask``).  A message is
     not waited for -- the round's barrier and the driver's pull overlap its transfer -- and
     the driver passes each partition the number of messages to wait for before it touches
     its state again (`await_inbox`): the program's declared count (`Program.ring_inbox`)
@@ -281,15 +289,20 @@ class ActorPartitionWorker(PartitionWorker):
         worker = self._worker = get_worker()
         # the handler outlives this partition: it must not hold it (nor its state)
         worker.handlers.setdefault(RING_HANDLER, lambda comm: _ring_handler(comm, worker))
+        worker.handlers.setdefault(ring.ENDPOINT_HANDLER,
+                                   lambda: ring.server_for(worker).endpoint)
         self._next_round = None
         self._cond = None
         self._incoming: dict = {}
         self._unacked: list = []          # messages handed to the event loop, not yet sent
         self._arrived: dict = {}          # ring messages received, by round
-        self._arrival = None              # asyncio.Condition, notified on each arrival
-        self._ring_error = None           # the first failure to take a message in
-        self._comms: dict = {}            # peer index -> open ring connection
+        # notified on each arrival; its lock also keeps one message's receive at a time
+        self._arrival = threading.Condition()
+        self._ring_error = None           # the first failure to take a message in or send one
+        self._transport = "dask"
+        self._comms: dict = {}            # peer index -> open ring connection (dask)
         self._comm_locks: dict = {}
+        self._sockets: dict = {}          # peer index -> open ring socket (socket)
 
     def expect_round(self, round: int) -> None:
         self._next_round = round
@@ -300,17 +313,21 @@ class ActorPartitionWorker(PartitionWorker):
             self._cond = asyncio.Condition()
         return self._cond
 
-    def _arrival_cond(self):
-        if self._arrival is None:
-            self._arrival = asyncio.Condition()
-        return self._arrival
-
-    async def set_peers(self, peers: list) -> None:  # type: ignore[override]
+    async def set_peers(self, peers: list,  # type: ignore[override]
+                        transport: str = "dask") -> None:
+        """The other partitions, and how to send them ring messages: ``"socket"`` (where
+        the workers talk plain TCP; else as ``"dask"``) or ``"dask"``."""
         await self.close_ring()
         PartitionWorker.set_peers(self, peers)
+        self._transport = ("socket" if transport == "socket"
+                           and self._worker.address.startswith("tcp://") else "dask")
 
     async def close_ring(self) -> None:
         """Close this partition's ring connections (the receiving ends then stop)."""
+        sockets, self._sockets = self._sockets, {}
+        for sock in sockets.values():
+            if sock is not None:
+                sock.close()
         comms, self._comms = self._comms, {}
         for comm in comms.values():
             try:
@@ -320,25 +337,31 @@ class ActorPartitionWorker(PartitionWorker):
 
     async def deliver(self, round: int, src: int, payload) -> None:  # type: ignore[override]
         # on the event loop, so it lands while this worker's own push runs in its thread
-        PartitionWorker.deliver(self, round, src, _assemble(payload, self._incoming))
-        cond = self._arrival_cond()
-        async with cond:
-            self._arrived[round] = self._arrived.get(round, 0) + 1
-            cond.notify_all()
+        self.deliver_now(round, src, _assemble(payload, self._incoming))
 
-    async def ring_failed(self, exc: BaseException) -> None:
-        """A ring message sent here could not be taken in: the next call raises it."""
-        cond = self._arrival_cond()
-        async with cond:
+    def deliver_now(self, round: int, src: int, payload) -> None:
+        """A ring message from partition ``src``'s push of ``round`` (from any thread)."""
+        with self._arrival:
+            PartitionWorker.deliver(self, round, src, payload)
+            self._arrived[round] = self._arrived.get(round, 0) + 1
+            self._arrival.notify_all()
+
+    def ring_failed_now(self, exc: BaseException) -> None:
+        """A ring message could not be taken in or sent: the next call raises ``exc``."""
+        with self._arrival:
             if self._ring_error is None:
                 self._ring_error = exc
-            cond.notify_all()
+            self._arrival.notify_all()
 
     async def await_inbox(self, inbox) -> None:
         """Wait until ``inbox = (round, n)``: the ``n`` ring messages sent to this
         partition in ``round`` have been received (None: nothing to wait for).  Also
         raises the failure of any earlier message of this partition's own, sent or
         received."""
+        await asyncio.to_thread(self._wait_inbox, inbox)
+
+    def _wait_inbox(self, inbox) -> None:
+        """`await_inbox`, in a thread other than the event loop's."""
         unsent, self._unacked = self._unacked, []
         for fut in unsent:
             if fut.done():
@@ -350,21 +373,17 @@ class ActorPartitionWorker(PartitionWorker):
         if inbox is None:
             return
         round, n = inbox
-        cond = self._arrival_cond()
         wait_s = config.seconds("dmp.ring.timeout")
-        try:
-            async with cond:
-                await asyncio.wait_for(
-                    cond.wait_for(lambda: self._arrived.get(round, 0) >= n
-                                  or self._ring_error is not None), wait_s)
-        except (asyncio.TimeoutError, TimeoutError):
-            raise RuntimeError(f"partition {self.index}: {n} ring message(s) of round {round} "
-                               f"were sent to it, {self._arrived.get(round, 0)} arrived "
-                               f"within {wait_s:.0f} s (dmp.ring.timeout)") from None
-        if self._ring_error is not None:
-            raise self._ring_error
-        for r in [r for r in self._arrived if r <= round]:
-            del self._arrived[r]
+        with self._arrival:
+            if not self._arrival.wait_for(lambda: self._arrived.get(round, 0) >= n
+                                          or self._ring_error is not None, wait_s):
+                raise RuntimeError(f"partition {self.index}: {n} ring message(s) of round "
+                                   f"{round} were sent to it, {self._arrived.get(round, 0)} "
+                                   f"arrived within {wait_s:.0f} s (dmp.ring.timeout)")
+            if self._ring_error is not None:
+                raise self._ring_error
+            for r in [r for r in self._arrived if r <= round]:
+                del self._arrived[r]
 
     def receive_piece(self, key, start: int, piece, shape, dtype) -> None:
         """Rows ``start:`` of an array of a ring message that follows (see `_Piecewise`)."""
@@ -397,7 +416,41 @@ class ActorPartitionWorker(PartitionWorker):
         return asyncio.run_coroutine_threadsafe(self._write(dest, msg),
                                                 self._worker.loop.asyncio_loop)
 
+    def _socket_to(self, dest: int):
+        """This partition's socket to partition ``dest`` (connected on first use); None
+        where that cannot be done, after a warning: messages to it then go through Dask."""
+        if dest in self._sockets:
+            return self._sockets[dest]
+        import dask
+        from dask.utils import parse_timedelta
+
+        timeout = parse_timedelta(dask.config.get("distributed.comm.timeouts.connect"), "s")
+        sock = None
+        try:
+            endpoint = asyncio.run_coroutine_threadsafe(
+                self._worker.rpc(self.peers[dest]._address).dmp_ring_endpoint(),
+                self._worker.loop.asyncio_loop).result(timeout)
+            sock = ring.connect(tuple(endpoint[:2]) + (bytes(endpoint[2]),), timeout)
+        except OSError as exc:
+            logger.warning("dmp ring: no socket to partition %d at %s (%s); its messages go "
+                           "through Dask's comm", dest, self.peers[dest]._address, exc)
+        self._sockets[dest] = sock
+        return sock
+
     def _send(self, dest: int, round: int, payload) -> None:
+        if self._transport == "socket":
+            sock = self._socket_to(dest)
+            if sock is not None:
+                if self._ring_error is None:   # else raised by this partition's next call
+                    try:
+                        ring.send_message(sock, self.peers[dest].key, round, self.index,
+                                          payload)
+                    except Exception as exc:  # noqa: BLE001 - raised by its next call
+                        self.ring_failed_now(exc)
+                return
+        self._send_dask(dest, round, payload)
+
+    def _send_dask(self, dest: int, round: int, payload) -> None:
         # from the push's thread: large arrays leave piece by piece before the push returns
         # (at most dmp.ring.pieces-in-flight handed to the network at once), the message itself
         # is checked later (`await_inbox`), its arrival awaited by the peer
@@ -432,17 +485,16 @@ class ActorPartitionWorker(PartitionWorker):
                     lambda: self._next_round is None or self._next_round > after)
         await asyncio.to_thread(PartitionWorker.apply, self, unguard(update))
 
-    def _run_batch(self, round: int, update, plans, inboxes, t_first: float) -> list[dict]:
+    def _run_batch(self, round: int, update, plans, inbox, inboxes,
+                   t_first: float) -> list[dict]:
         """(In the push thread) `PartitionWorker.step` for rounds ``round``,
-        ``round + 1``, ...; each round after the first waits for the ``inboxes[j - 1]`` ring
-        messages of the round before (the first one's wait began at ``t_first``)."""
+        ``round + 1``, ...; the first waits for ``inbox`` (see `await_inbox`), each round
+        after it for the ``inboxes[j - 1]`` ring messages of the round before (the first
+        one's wait began at ``t_first``)."""
         out = []
         for j, plan in enumerate(plans):
             t0 = time.perf_counter() if j else t_first
-            if j:
-                asyncio.run_coroutine_threadsafe(
-                    self.await_inbox((round + j - 1, inboxes[j - 1])),
-                    self._worker.loop.asyncio_loop).result()
+            self._wait_inbox((round + j - 1, inboxes[j - 1]) if j else inbox)
             out.append(PartitionWorker.step(self, round + j, update if j == 0 else None, plan))
             # the round's time here: waiting for the messages, the push, handing its own over
             out[-1]["step_s"] = time.perf_counter() - t0
@@ -464,8 +516,7 @@ class ActorPartitionWorker(PartitionWorker):
             t_first = time.perf_counter()
             # the list guarded whole (a batch) or each plan (`step`)
             update, plans = unguard(update), [unguard(p) for p in unguard(plans)]
-            await self.await_inbox(inbox)
-            return await asyncio.to_thread(self._run_batch, round, update, plans,
+            return await asyncio.to_thread(self._run_batch, round, update, plans, inbox,
                                            list(inboxes), t_first)
         finally:
             async with self._cond:

@@ -331,7 +331,8 @@ class DaskBackend(Backend):
             self.actors = [self._await_partition(f, targets, targets[k])
                            for k, f in enumerate(futs)]
             if program.uses_ring:
-                self._results(self._issue([(a, "set_peers", (self.actors,))
+                transport = config.choice("dmp.ring.transport", ("socket", "dask"))
+                self._results(self._issue([(a, "set_peers", (self.actors, transport))
                                            for a in self.actors]))
         except Exception as exc:
             for f in futs:

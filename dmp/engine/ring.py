@@ -1,0 +1,201 @@
+"""Ring messages on plain sockets: the ``socket`` transport of `dmp.ring.transport`.
+
+A ring message through Dask's comm layer costs each side about 0.1 ms of CPU whatever its
+size (msgpack framing, serialisation, the event loop's wake-ups; BENCHMARKS.md, "Ring
+messages on plain sockets"), which bounds the programs that exchange small messages every
+round (MF CCD++) on workers with little CPU.  Here every worker that holds a ring partition
+listens on one more TCP port of its own host; a message is one frame written by the
+sending partition's push thread with a blocking ``sendmsg`` (the arrays out of band, never
+copied) and read by one thread per incoming connection straight into the arrays it becomes.
+
+A connection is authenticated before anything on it is unpickled: its first bytes must be
+the listening worker's random token, which a sender learns only by asking that worker
+through Dask (`ENDPOINT_HANDLER`), so the port is no more open than the worker's own.
+Dask clusters on other comms (TLS, UCX, in-process) keep the ``dask`` transport.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import pickle
+import secrets
+import socket
+import struct
+import threading
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+#: the worker's Dask handler that tells a sender where, and with which token, to connect
+ENDPOINT_HANDLER = "dmp_ring_endpoint"
+
+TOKEN_BYTES = 16
+# blob length, number of out-of-band buffers, length of the receiving partition's key
+_HEAD = struct.Struct("<QIH")
+_ACCEPT_POLL_S = 1.0
+
+
+def _recv_exact(sock: socket.socket, n: int, out=None, eof_ok: bool = False):
+    """``n`` bytes from ``sock`` into ``out`` (a new uint8 array when None); None when
+    ``eof_ok`` and the stream ends before the first byte, else EOFError at its end."""
+    buf = np.empty(n, dtype=np.uint8) if out is None else out
+    view = memoryview(buf).cast("B")
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
+        if k == 0:
+            if got == 0 and eof_ok:
+                return None
+            raise EOFError("ring connection closed in the middle of a message")
+        got += k
+    return buf
+
+
+def _send_parts(sock: socket.socket, parts: list) -> None:
+    """Write the buffers ``parts`` in order (``sendmsg`` may write only some of them)."""
+    views = [memoryview(p).cast("B") for p in parts]
+    views = [v for v in views if v.nbytes]
+    while views:
+        sent = sock.sendmsg(views[:1024])
+        while sent:
+            if sent >= views[0].nbytes:
+                sent -= views[0].nbytes
+                views.pop(0)
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
+
+
+def send_message(sock: socket.socket, to: str, round: int, src: int, payload) -> int:
+    """Write one ring message for partition ``to``; returns the bytes of its arrays."""
+    buffers: list = []
+    blob = pickle.dumps((round, src, payload), protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers]
+    key = to.encode()
+    head = _HEAD.pack(len(blob), len(raws), len(key)) + key
+    lens = np.array([r.nbytes for r in raws], dtype="<u8").tobytes()
+    _send_parts(sock, [head, lens, blob, *raws])
+    return sum(r.nbytes for r in raws)
+
+
+def read_message(sock: socket.socket):
+    """``(to, blob, buffers)`` of the next message on ``sock``, or None when the sender
+    closed the connection between messages."""
+    head = _recv_exact(sock, _HEAD.size, eof_ok=True)
+    if head is None:
+        return None
+    blob_len, n_buffers, key_len = _HEAD.unpack(head.tobytes())
+    to = _recv_exact(sock, key_len).tobytes().decode()
+    lens = _recv_exact(sock, 8 * n_buffers).view("<u8") if n_buffers else ()
+    blob = _recv_exact(sock, blob_len)
+    # each array lands in the memory it keeps: no transient copies of a large message
+    return to, blob, [_recv_exact(sock, int(n)) for n in lens]
+
+
+def connect(endpoint, timeout: float) -> socket.socket:
+    """A connection to the worker at ``endpoint = (host, port, token)``, authenticated."""
+    host, port, token = endpoint
+    sock = socket.create_connection((host, port), timeout=timeout)
+    try:
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(token)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class RingServer:
+    """One worker's listening end: accepts authenticated connections and hands each message
+    to the partition it names (``deliver_now``), or its failure (``ring_failed_now``)."""
+
+    def __init__(self, worker):
+        from distributed.comm import get_address_host
+
+        self._worker = worker
+        self.token = secrets.token_bytes(TOKEN_BYTES)
+        host = get_address_host(worker.address)
+        self._listener = socket.create_server((host, 0))
+        self._listener.settimeout(_ACCEPT_POLL_S)
+        self.endpoint = (host, self._listener.getsockname()[1], self.token)
+        self._lock = threading.Lock()
+        self._conns: set = set()
+        self._thread = threading.Thread(target=self._accept_loop, daemon=True,
+                                        name="dmp-ring-accept")
+        self._thread.start()
+
+    def open_connections(self) -> int:
+        """Incoming connections being read now."""
+        with self._lock:
+            return len(self._conns)
+
+    def _worker_gone(self) -> bool:
+        return self._worker.status.name in ("closing", "closed", "failed")
+
+    def _accept_loop(self) -> None:
+        try:
+            while not self._worker_gone():
+                try:
+                    conn, _ = self._listener.accept()
+                except TimeoutError:
+                    continue
+                conn.settimeout(None)
+                threading.Thread(target=self._read_loop, args=(conn,), daemon=True,
+                                 name="dmp-ring-read").start()
+        except OSError:   # the listener was closed
+            pass
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._listener.close()
+
+    def _read_loop(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._conns.add(conn)
+        try:
+            token = _recv_exact(conn, TOKEN_BYTES)
+            if not hmac.compare_digest(token.tobytes(), self.token):
+                logger.warning("dmp ring: a connection without this worker's token was "
+                               "refused")
+                return
+            while True:
+                message = read_message(conn)
+                if message is None:
+                    return
+                to, blob, buffers = message
+                partition = self._worker.state.actors.get(to)
+                if partition is None:   # released since (its fit ended or is recovered)
+                    continue
+                try:
+                    round, src, payload = pickle.loads(blob, buffers=buffers)
+                    partition.deliver_now(round, src, payload)
+                except Exception as exc:  # noqa: BLE001 - raised by the receiving partition
+                    partition.ring_failed_now(exc)
+        except (OSError, EOFError):
+            return   # the sender is gone: its own partition or the driver reports that
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+
+_servers_lock = threading.Lock()
+
+
+def server_for(worker) -> RingServer:
+    """This worker's `RingServer`, started on first use."""
+    with _servers_lock:
+        server = getattr(worker, "_dmp_ring_server", None)
+        if server is None:
+            server = worker._dmp_ring_server = RingServer(worker)
+        return server
+
+
+def open_connections(worker) -> int:
+    """Incoming ring connections of ``worker`` being read now (0 without a server)."""
+    server = getattr(worker, "_dmp_ring_server", None)
+    return 0 if server is None else server.open_connections()
