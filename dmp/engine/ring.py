@@ -68,15 +68,22 @@ def _send_parts(sock: socket.socket, parts: list) -> None:
                 sent = 0
 
 
-def send_message(sock: socket.socket, to: str, round: int, src: int, payload) -> int:
-    """Write one ring message for partition ``to``; returns the bytes of its arrays."""
+def encode(round: int, src: int, payload) -> tuple:
+    """A message's ``(pickle, out-of-band buffers)``: encoded once for all its receivers."""
     buffers: list = []
     blob = pickle.dumps((round, src, payload), protocol=5, buffer_callback=buffers.append)
-    raws = [b.raw() for b in buffers]
+    return blob, [b.raw() for b in buffers]
+
+
+def send_message(sock: socket.socket, to: str, round: int, src: int, payload,
+                 encoded: tuple | None = None) -> int:
+    """Write one ring message for partition ``to`` (``encoded``: `encode`'s result for
+    it, when known); returns the bytes of its arrays."""
+    blob, raws = encode(round, src, payload) if encoded is None else encoded
     key = to.encode()
-    head = _HEAD.pack(len(blob), len(raws), len(key)) + key
-    lens = np.array([r.nbytes for r in raws], dtype="<u8").tobytes()
-    _send_parts(sock, [head, lens, blob, *raws])
+    head = (_HEAD.pack(len(blob), len(raws), len(key)) + key
+            + struct.pack(f"<{len(raws)}Q", *[r.nbytes for r in raws]))
+    _send_parts(sock, [head, blob, *raws])
     return sum(r.nbytes for r in raws)
 
 
@@ -87,9 +94,11 @@ def read_message(sock: socket.socket):
     if head is None:
         return None
     blob_len, n_buffers, key_len = _HEAD.unpack(head.tobytes())
-    to = _recv_exact(sock, key_len).tobytes().decode()
-    lens = _recv_exact(sock, 8 * n_buffers).view("<u8") if n_buffers else ()
-    blob = _recv_exact(sock, blob_len)
+    # the key, the buffers' lengths and the pickled message in one read
+    rest = _recv_exact(sock, key_len + 8 * n_buffers + blob_len)
+    to = rest[:key_len].tobytes().decode()
+    lens = rest[key_len:key_len + 8 * n_buffers].view("<u8")
+    blob = rest[key_len + 8 * n_buffers:]
     # each array lands in the memory it keeps: no transient copies of a large message
     return to, blob, [_recv_exact(sock, int(n)) for n in lens]
 

@@ -144,6 +144,10 @@ class PartitionWorker:
     def _send(self, dest: int, round: int, payload) -> None:
         self.peers[dest].deliver(round, self.index, payload)
 
+    def _deliver_own(self, round: int, payload) -> None:
+        """A ring message of this partition's to itself."""
+        PartitionWorker.deliver(self, round, self.index, payload)
+
     def _send_all(self, round: int, messages: dict) -> tuple[int, list]:
         """Hand the messages over; returns their bytes and the partitions they went to
         (other than this one)."""
@@ -154,8 +158,7 @@ class PartitionWorker:
         sent_to = []
         for dest, payload in messages.items():
             if dest == self.index:
-                # to itself: the plain method (the actor's deliver is a coroutine)
-                PartitionWorker.deliver(self, round, self.index, payload)
+                self._deliver_own(round, payload)
             else:
                 self._send(int(dest), round, payload)
                 nbytes += payload_nbytes(payload)
@@ -298,11 +301,13 @@ class ActorPartitionWorker(PartitionWorker):
         self._arrived: dict = {}          # ring messages received, by round
         # notified on each arrival; its lock also keeps one message's receive at a time
         self._arrival = threading.Condition()
+        self._awaited = None              # (round, n) a thread waits for, if one does
         self._ring_error = None           # the first failure to take a message in or send one
         self._transport = "dask"
         self._comms: dict = {}            # peer index -> open ring connection (dask)
         self._comm_locks: dict = {}
         self._sockets: dict = {}          # peer index -> open ring socket (socket)
+        self._encoded: tuple = (None, None, None)   # the last payload sent, encoded
 
     def expect_round(self, round: int) -> None:
         self._next_round = round
@@ -343,8 +348,20 @@ class ActorPartitionWorker(PartitionWorker):
         """A ring message from partition ``src``'s push of ``round`` (from any thread)."""
         with self._arrival:
             PartitionWorker.deliver(self, round, src, payload)
-            self._arrived[round] = self._arrived.get(round, 0) + 1
-            self._arrival.notify_all()
+            n = self._arrived[round] = self._arrived.get(round, 0) + 1
+            # the waiting thread is woken once, by the message it waits for last
+            if self._awaited is None or self._awaited == (round, n):
+                self._arrival.notify_all()
+
+    def _deliver_own(self, round: int, payload) -> None:
+        with self._arrival:   # not counted: an inbox counts the messages of the others
+            PartitionWorker.deliver(self, round, self.index, payload)
+
+    def _send_all(self, round: int, messages: dict) -> tuple[int, list]:
+        try:
+            return PartitionWorker._send_all(self, round, messages)
+        finally:
+            self._encoded = (None, None, None)   # not kept alive until the next round
 
     def ring_failed_now(self, exc: BaseException) -> None:
         """A ring message could not be taken in or sent: the next call raises ``exc``."""
@@ -375,8 +392,13 @@ class ActorPartitionWorker(PartitionWorker):
         round, n = inbox
         wait_s = config.seconds("dmp.ring.timeout")
         with self._arrival:
-            if not self._arrival.wait_for(lambda: self._arrived.get(round, 0) >= n
-                                          or self._ring_error is not None, wait_s):
+            self._awaited = (round, n)
+            try:
+                arrived = self._arrival.wait_for(lambda: self._arrived.get(round, 0) >= n
+                                                 or self._ring_error is not None, wait_s)
+            finally:
+                self._awaited = None
+            if not arrived:
                 raise RuntimeError(f"partition {self.index}: {n} ring message(s) of round "
                                    f"{round} were sent to it, {self._arrived.get(round, 0)} "
                                    f"arrived within {wait_s:.0f} s (dmp.ring.timeout)")
@@ -443,8 +465,12 @@ class ActorPartitionWorker(PartitionWorker):
             if sock is not None:
                 if self._ring_error is None:   # else raised by this partition's next call
                     try:
+                        # one payload sent to several partitions is pickled once
+                        if self._encoded[0] is not payload or self._encoded[1] != round:
+                            self._encoded = (payload, round,
+                                             ring.encode(round, self.index, payload))
                         ring.send_message(sock, self.peers[dest].key, round, self.index,
-                                          payload)
+                                          payload, self._encoded[2])
                     except Exception as exc:  # noqa: BLE001 - raised by its next call
                         self.ring_failed_now(exc)
                 return
