@@ -6,7 +6,7 @@ messages on plain sockets"), which bounds the programs that exchange small messa
 round (MF CCD++) on workers with little CPU.  Here every worker that holds a ring partition
 listens on one more TCP port of its own host; a message is one frame written by the
 sending partition's push thread with a blocking ``sendmsg`` (the arrays out of band, never
-copied) and read by one thread per incoming connection straight into the arrays it becomes.
+copied) and read by the worker's ring thread straight into the arrays it becomes.
 
 A connection is authenticated before anything on it is unpickled: its first bytes must be
 the listening worker's random token, which a sender learns only by asking that worker
@@ -20,6 +20,7 @@ import hmac
 import logging
 import pickle
 import secrets
+import selectors
 import socket
 import struct
 import threading
@@ -118,8 +119,11 @@ def connect(endpoint, timeout: float) -> socket.socket:
 
 
 class RingServer:
-    """One worker's listening end: accepts authenticated connections and hands each message
-    to the partition it names (``deliver_now``), or its failure (``ring_failed_now``)."""
+    """One worker's listening end: one thread accepts connections, checks each one's token
+    and reads its messages as they come, handing each to the partition it names
+    (``deliver_now``), or its failure (``ring_failed_now``).  One thread for every
+    connection: the messages of a round arrive together, and one wake-up takes in all that
+    are there (a thread per connection cost more CPU per message on small workers)."""
 
     def __init__(self, worker):
         from distributed.comm import get_address_host
@@ -128,68 +132,83 @@ class RingServer:
         self.token = secrets.token_bytes(TOKEN_BYTES)
         host = get_address_host(worker.address)
         self._listener = socket.create_server((host, 0))
-        self._listener.settimeout(_ACCEPT_POLL_S)
+        self._listener.setblocking(False)
         self.endpoint = (host, self._listener.getsockname()[1], self.token)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._listener, selectors.EVENT_READ, None)
         self._lock = threading.Lock()
-        self._conns: set = set()
-        self._thread = threading.Thread(target=self._accept_loop, daemon=True,
-                                        name="dmp-ring-accept")
+        self._conns: dict = {}            # connection -> its token was checked
+        self._thread = threading.Thread(target=self._serve, daemon=True, name="dmp-ring")
         self._thread.start()
 
     def open_connections(self) -> int:
-        """Incoming connections being read now."""
+        """Incoming connections open now."""
         with self._lock:
             return len(self._conns)
 
     def _worker_gone(self) -> bool:
         return self._worker.status.name in ("closing", "closed", "failed")
 
-    def _accept_loop(self) -> None:
+    def _serve(self) -> None:
         try:
             while not self._worker_gone():
-                try:
-                    conn, _ = self._listener.accept()
-                except TimeoutError:
-                    continue
-                conn.settimeout(None)
-                threading.Thread(target=self._read_loop, args=(conn,), daemon=True,
-                                 name="dmp-ring-read").start()
-        except OSError:   # the listener was closed
-            pass
+                for key, _ in self._selector.select(_ACCEPT_POLL_S):
+                    if key.data is None:
+                        self._accept()
+                    else:
+                        self._take(key.fileobj)
         finally:
-            self.close()
+            for conn in list(self._conns):
+                self._drop(conn)
+            self._selector.close()
+            self._listener.close()
 
-    def close(self) -> None:
-        self._listener.close()
-
-    def _read_loop(self, conn: socket.socket) -> None:
-        with self._lock:
-            self._conns.add(conn)
+    def _accept(self) -> None:
         try:
-            token = _recv_exact(conn, TOKEN_BYTES)
-            if not hmac.compare_digest(token.tobytes(), self.token):
-                logger.warning("dmp ring: a connection without this worker's token was "
-                               "refused")
-                return
-            while True:
-                message = read_message(conn)
-                if message is None:
+            conn, _ = self._listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        conn.setblocking(True)
+        with self._lock:
+            self._conns[conn] = False
+        self._selector.register(conn, selectors.EVENT_READ, True)
+
+    def _drop(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._conns.pop(conn, None)
+        try:
+            self._selector.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        conn.close()
+
+    def _take(self, conn: socket.socket) -> None:
+        """Read what arrived on ``conn``: its token, or one whole message."""
+        try:
+            if not self._conns[conn]:
+                token = _recv_exact(conn, TOKEN_BYTES)
+                if not hmac.compare_digest(token.tobytes(), self.token):
+                    logger.warning("dmp ring: a connection without this worker's token was "
+                                   "refused")
+                    self._drop(conn)
                     return
-                to, blob, buffers = message
-                partition = self._worker.state.actors.get(to)
-                if partition is None:   # released since (its fit ended or is recovered)
-                    continue
-                try:
-                    round, src, payload = pickle.loads(blob, buffers=buffers)
-                    partition.deliver_now(round, src, payload)
-                except Exception as exc:  # noqa: BLE001 - raised by the receiving partition
-                    partition.ring_failed_now(exc)
+                self._conns[conn] = True
+                return
+            message = read_message(conn)
         except (OSError, EOFError):
-            return   # the sender is gone: its own partition or the driver reports that
-        finally:
-            with self._lock:
-                self._conns.discard(conn)
-            conn.close()
+            message = None   # the sender is gone: its own partition or the driver says so
+        if message is None:
+            self._drop(conn)
+            return
+        to, blob, buffers = message
+        partition = self._worker.state.actors.get(to)
+        if partition is None:   # released since (its fit ended or is being recovered)
+            return
+        try:
+            round, src, payload = pickle.loads(blob, buffers=buffers)
+            partition.deliver_now(round, src, payload)
+        except Exception as exc:  # noqa: BLE001 - raised by the receiving partition
+            partition.ring_failed_now(exc)
 
 
 _servers_lock = threading.Lock()
