@@ -320,6 +320,46 @@ def test_closing_the_backend_closes_the_ring_connections(dask_client, ring_trans
     assert open_connections(wait_for_none=True) == {"dask": 0, "socket": 0}
 
 
+def _point_the_ring_port_elsewhere(dask_worker):
+    """This worker's ring endpoint now names a port nothing listens on (its own listener's,
+    closed); returns what it named before."""
+    from dmp.engine import ring
+
+    server = ring.server_for(dask_worker)
+    before = server.endpoint
+    probe = __import__("socket").create_server((before[0], 0))
+    dead_port = probe.getsockname()[1]
+    probe.close()
+    server.endpoint = (before[0], dead_port, before[2])
+    return before
+
+
+def _restore_ring_port(dask_worker, endpoint):
+    from dmp.engine import ring
+
+    ring.server_for(dask_worker).endpoint = tuple(endpoint)
+
+
+@pytest.mark.dask
+def test_a_peer_whose_ring_port_cannot_be_reached_gets_its_messages_through_dask(
+        dask_client, dask_settings):
+    from dmp.engine.backends.dask import DaskBackend
+
+    dask_settings({"dmp.ring.transport": "socket"})
+    before = dask_client.run(_point_the_ring_port_elsewhere)
+    backend = DaskBackend(dask_client)
+    try:
+        _fit_and_check(backend, 2)
+        # each partition's one peer could not be reached: both messages went through Dask
+        counts = dask_client.run(_open_ring_connections).values()
+        assert {k: sum(c[k] for c in counts) for k in ("dask", "socket")} == \
+            {"dask": 2, "socket": 0}
+    finally:
+        backend.close()
+        for address, endpoint in before.items():
+            dask_client.run(_restore_ring_port, endpoint=endpoint, workers=[address])
+
+
 class AllToAll(Program):
     """Every round each partition sends ``(round, index)`` to every other one; each push
     checks that it holds exactly the messages of the round before, from all the others.  The

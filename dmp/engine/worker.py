@@ -453,9 +453,10 @@ class ActorPartitionWorker(PartitionWorker):
                 self._worker.rpc(self.peers[dest]._address).dmp_ring_endpoint(),
                 self._worker.loop.asyncio_loop).result(timeout)
             sock = ring.connect(tuple(endpoint[:2]) + (bytes(endpoint[2]),), timeout)
-        except OSError as exc:
-            logger.warning("dmp ring: no socket to partition %d at %s (%s); its messages go "
-                           "through Dask's comm", dest, self.peers[dest]._address, exc)
+        except Exception as exc:  # noqa: BLE001 - unreachable port, or a peer without one
+            logger.warning("dmp ring: no socket to partition %d at %s (%s: %s); its messages "
+                           "go through Dask's comm", dest, self.peers[dest]._address,
+                           type(exc).__name__, exc)
         self._sockets[dest] = sock
         return sock
 
