@@ -153,10 +153,15 @@ class RingServer:
         try:
             while not self._worker_gone():
                 for key, _ in self._selector.select(_ACCEPT_POLL_S):
-                    if key.data is None:
-                        self._accept()
-                    else:
-                        self._take(key.fileobj)
+                    try:
+                        if key.data is None:
+                            self._accept()
+                        else:
+                            self._take(key.fileobj)
+                    except Exception:  # noqa: BLE001 - the other connections go on
+                        logger.exception("dmp ring: a connection failed")
+                        if key.data is not None:
+                            self._drop(key.fileobj)
         finally:
             for conn in list(self._conns):
                 self._drop(conn)
