@@ -464,6 +464,31 @@ def test_batched_rounds_see_every_message_of_the_round_before(dask_client, stale
     assert all(rec["round_s"] >= max(rec["push_s"]) for rec in res.history)
 
 
+@pytest.mark.dask
+@pytest.mark.timeout(120)
+def test_more_partitions_on_a_worker_than_it_has_default_threads(dask_client, dask_settings):
+    """Every partition pushes on its own thread: a batch blocks its thread while it waits for
+    the others' messages, so partitions sharing the event loop's default threads (cpu + 4 of
+    them) waited for ones that had not started, until ``dmp.ring.timeout``."""
+    import os
+
+    from dmp.engine.backends.dask import DaskBackend
+
+    default_threads = min(32, (os.cpu_count() or 1) + 4)
+    n_workers = len(dask_client.scheduler_info()["workers"])
+    P = n_workers * (default_threads + 2)
+    dask_settings({"dmp.ring.transport": "socket"})
+    backend = DaskBackend(dask_client, n_workers=P)
+    try:
+        prog = AllToAll()
+        rounds = 8
+        res = run(prog, backend, max_iter=rounds)
+    finally:
+        backend.close()
+    assert prog.driver["verdicts"] == [True] * rounds
+    assert [int(a["total"][0]) for a in res.partition_arrays] == [sum(range(rounds))] * P
+
+
 def _slow(seconds):
     """An `AllToAll` whose every push sleeps ``seconds`` first."""
     class Slow(AllToAll):

@@ -7,6 +7,8 @@ import logging
 import os
 import threading
 import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -289,6 +291,11 @@ class ActorPartitionWorker(PartitionWorker):
 
         reuse_heap()                      # before the partition's first temporaries
         super().__init__(program, spec, index)
+        # this partition's own thread for its pushes, applies and inbox waits: a batch blocks
+        # its thread while it waits for the other partitions' messages, so partitions sharing
+        # the event loop's few default threads could each wait for one that never started
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"dmp-partition-{index}")
+        weakref.finalize(self, self._thread.shutdown, False)
         worker = self._worker = get_worker()
         # the handler outlives this partition: it must not hold it (nor its state)
         worker.handlers.setdefault(RING_HANDLER, lambda comm: _ring_handler(comm, worker))
@@ -375,7 +382,11 @@ class ActorPartitionWorker(PartitionWorker):
         partition in ``round`` have been received (None: nothing to wait for).  Also
         raises the failure of any earlier message of this partition's own, sent or
         received."""
-        await asyncio.to_thread(self._wait_inbox, inbox)
+        await self._in_thread(self._wait_inbox, inbox)
+
+    async def _in_thread(self, fn, *args):
+        """``fn(*args)`` on this partition's thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
     def _wait_inbox(self, inbox) -> None:
         """`await_inbox`, in a thread other than the event loop's."""
@@ -510,7 +521,7 @@ class ActorPartitionWorker(PartitionWorker):
             async with cond:
                 await cond.wait_for(
                     lambda: self._next_round is None or self._next_round > after)
-        await asyncio.to_thread(PartitionWorker.apply, self, unguard(update))
+        await self._in_thread(PartitionWorker.apply, self, unguard(update))
 
     def _run_batch(self, round: int, update, plans, inbox, inboxes,
                    t_first: float) -> list[dict]:
@@ -543,7 +554,7 @@ class ActorPartitionWorker(PartitionWorker):
             t_first = time.perf_counter()
             # the list guarded whole (a batch) or each plan (`step`)
             update, plans = unguard(update), [unguard(p) for p in unguard(plans)]
-            return await asyncio.to_thread(self._run_batch, round, update, plans, inbox,
+            return await self._in_thread(self._run_batch, round, update, plans, inbox,
                                            list(inboxes), t_first)
         finally:
             async with self._cond:
