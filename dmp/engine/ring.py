@@ -121,8 +121,8 @@ def connect(endpoint, timeout: float) -> socket.socket:
 class RingServer:
     """One worker's listening end: one thread accepts connections, checks each one's token
     and reads its messages as they come, handing each to the partition it names
-    (``deliver_now``), or its failure (``ring_failed_now``).  One thread for every
-    connection: the messages of a round arrive together, and one wake-up takes in all that
+    (``deliver_now``), or its failure (``ring_failed_now``).  One thread serves all the
+    connections: the messages of a round arrive together, and one wake-up takes in all that
     are there (a thread per connection cost more CPU per message on small workers)."""
 
     def __init__(self, worker):
