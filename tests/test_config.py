@@ -124,6 +124,15 @@ def test_a_malformed_setting_names_its_key():
                 read(key)
 
 
+def test_a_word_setting_takes_one_of_its_words():
+    with dask.config.set({"dmp.ring.transport": " Dask "}):
+        assert config.choice("dmp.ring.transport", ("socket", "dask")) == "dask"
+    with dask.config.set({"dmp.ring.transport": "pigeon"}):
+        with pytest.raises(ValueError, match=r"Dask setting dmp.ring.transport must be one of "
+                                             r"'socket', 'dask', got 'pigeon'"):
+            config.choice("dmp.ring.transport", ("socket", "dask"))
+
+
 def test_switches_read_words_and_booleans():
     for value, on in [(False, False), ("off", False), ("No", False), ("0", False),
                       (True, True), ("on", True), ("yes", True), ("1", True)]:
