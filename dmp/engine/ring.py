@@ -35,14 +35,14 @@ ENDPOINT_HANDLER = "dmp_ring_endpoint"
 TOKEN_BYTES = 16
 # blob length, number of out-of-band buffers, length of the receiving partition's key
 _HEAD = struct.Struct("<QIH")
-_ACCEPT_POLL_S = 1.0
+_POLL_S = 1.0   # how often the ring thread looks at its worker's status
 
 
-def _recv_exact(sock: socket.socket, n: int, out=None, eof_ok: bool = False):
-    """``n`` bytes from ``sock`` into ``out`` (a new uint8 array when None); None when
-    ``eof_ok`` and the stream ends before the first byte, else EOFError at its end."""
-    buf = np.empty(n, dtype=np.uint8) if out is None else out
-    view = memoryview(buf).cast("B")
+def _recv_exact(sock: socket.socket, n: int, eof_ok: bool = False):
+    """``n`` bytes from ``sock`` as a new uint8 array; None when ``eof_ok`` and the stream
+    ends before the first byte, else EOFError at its end."""
+    buf = np.empty(n, dtype=np.uint8)
+    view = memoryview(buf)
     got = 0
     while got < n:
         k = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
@@ -152,7 +152,7 @@ class RingServer:
     def _serve(self) -> None:
         try:
             while not self._worker_gone():
-                for key, _ in self._selector.select(_ACCEPT_POLL_S):
+                for key, _ in self._selector.select(_POLL_S):
                     try:
                         if key.data is None:
                             self._accept()
