@@ -59,6 +59,30 @@ def test_ccdpp_rounds_run_in_batches_and_stop_where_in_process_stops(dask_client
     np.testing.assert_array_equal(local.history_["batch"], local.history_["round"])
 
 
+@pytest.mark.parametrize("n_inner", [1, 2])
+def test_ccdpp_batches_are_scored_on_the_partitions_exactly_as_by_the_driver(dask_client,
+                                                                            n_inner):
+    """Without validation ratings, a CCD++ round inside a batch is scored by partition 0
+    from the partial sums it receives anyway: the driver gets every partition's item
+    vectors only for a batch's last round, and every round's score is the in-process
+    fit's (where the driver scores each round from those vectors) to the last bit."""
+    tr, _ = low_rank_ratings(n=120, m=90, k=3, density=0.3, seed=13)
+    P, k = 3, 6
+    kw = dict(alpha=0.5, max_iter=4, tol=None, n_inner=n_inner, n_workers=P, random_state=2)
+    local = MatrixFactorization(k, backend="local", **kw).fit(tr)
+    remote = MatrixFactorization(k, backend=dask_client, **kw).fit(tr)
+    for key in ("objective", "train_rmse"):
+        np.testing.assert_array_equal(remote.history_[key], local.history_[key])
+    np.testing.assert_array_equal(remote.item_factors_, local.item_factors_)
+    h = remote.history_
+    batch, push = h["batch"][1:], h["bytes_push"][1:]
+    last = np.r_[batch[1:] != batch[:-1], True]     # a batch's last round
+    assert (~last).sum() > len(last) // 2            # most rounds ran inside a batch
+    n_items = tr.shape[1]
+    assert push[last].min() >= P * 2 * 8 * n_items   # every partition's sums
+    assert push[~last].max() < 1024                  # scores only
+
+
 def test_ccd_blocks_limit_what_is_in_flight(dask_client):
     tr, _ = low_rank_ratings(n=100, m=80, k=3, density=0.3, seed=10)
     k, bs = 6, 2

@@ -167,8 +167,6 @@ class MFDriver(DriverState):
     #: CCD++: the items' regularisation weights and term, once round 0 is pulled
     lam_cols: np.ndarray | None = field(default=None, repr=False)
     regH: float | None = None
-    #: CCD++: (feature, item column) solved by the last pull
-    last_h: tuple | None = field(default=None, repr=False)
 
 
 def MFProgram(dataset, *, method="ccd++", cg_steps=3, **kwargs):
@@ -672,21 +670,57 @@ class CCDPPProgram(_MFBase):
             dr.regH = float(dr.lam_cols @ self._gather_items(partials, "h_sqnorm"))
             self._record(info, loss, vloss, dr.regH)
             return None
+        regW = float(sum(p["regW"] for p in partials))
+        if "scored" in partials[0]:   # scored by partition 0 (`close_batch`)
+            loss, d_regH = partials[0]["scored"]
+            dr.regH += d_regH
+            self._record(info, loss, 0.0, regW + dr.regH)
+            return None
         num, den, h = self._solve(partials, dr.lam_cols)
-        h_old = self._gather_items(partials, "h_t")
-        dr.regH += float(dr.lam_cols @ (h * h - h_old * h_old))
+        loss, d_regH = self._score(partials, num, den, h, self._gather_items(partials, "h_t"),
+                                   dr.lam_cols)
+        dr.regH += d_regH
         hh = h * h
-        # sum (e^ - w h)^2 = sum e^2 - 2 h.num + h^2.den
-        loss = float(sum(p["sq"] for p in partials)) - 2.0 * float(h @ num) + float(hh @ den)
         if dr.nnz_valid:
             vn, vd = self._summed(partials, "vnum"), self._summed(partials, "vden")
             vloss = (float(sum(p["vsq"] for p in partials)) - 2.0 * float(h @ vn)
                      + float(hh @ vd))
         else:
             vloss = 0.0
-        dr.last_h = (info["t"], h)  # the item column just solved (absorbed next round)
-        self._record(info, loss, vloss, float(sum(p["regW"] for p in partials)) + dr.regH)
+        self._record(info, loss, vloss, regW + dr.regH)
         return None
+
+    @staticmethod
+    def _score(parts, num, den, h, h_old, lam_cols) -> tuple[float, float]:
+        """(loss, change of the items' regularisation term) of a feature pass, from the
+        partitions' partial sums and the item update they give: the driver and partition 0
+        (`close_batch`) compute it alike, to the last bit."""
+        # sum (e^ - w h)^2 = sum e^2 - 2 h.num + h^2.den
+        hh = h * h
+        loss = float(sum(p["sq"] for p in parts)) - 2.0 * float(h @ num) + float(hh @ den)
+        return loss, float(lam_cols @ (hh - h_old * h_old))
+
+    def close_batch(self, st, round: int, partials: list) -> list:
+        """Inside a batch, a feature pass is scored by partition 0 when it takes that
+        round's partial sums in (the next round's push), so the driver receives every
+        partition's item vectors for the batch's last round only.  Not with validation
+        ratings: their score needs every partition's validation sums."""
+        scored = {}
+        for part in partials:
+            scored.update(part.pop("scored", {}))   # partition 0's, of the round before each
+        if self.has_valid:
+            return partials
+        for j, part in enumerate(partials[:-1]):
+            r = round + j
+            if self.round_info(r)["phase"] != "WH":
+                continue
+            for key in ("num", "den", "h_t"):
+                del part[key]
+            if st["k"] == 0:
+                if r not in scored:
+                    raise RuntimeError(f"partition 0 did not score round {r} of its batch")
+                part["scored"] = scored[r]
+        return partials
 
     def partition_nbytes(self, spec):
         base = super().partition_nbytes(spec)
@@ -705,6 +739,7 @@ class CCDPPProgram(_MFBase):
         st["hfull"] = np.zeros(n_items)             # the current feature's item values
         st["lam_cols"] = np.zeros(n_items)
         st["inbox"] = {}                            # round -> {partition: its partial sums}
+        st["scored"] = {}                           # round -> its score (partition 0)
         return st
 
     def receive(self, st, round, src, payload) -> None:
@@ -733,7 +768,9 @@ class CCDPPProgram(_MFBase):
                 st["hfull"] = h
                 continue
             t = info["t"]
-            h = self._solve(parts, st["lam_cols"])[2]
+            num, den, h = self._solve(parts, st["lam_cols"])
+            if st["k"] == 0 and not self.has_valid:
+                st["scored"][r] = self._score(parts, num, den, h, st["hfull"], st["lam_cols"])
             c0 = st["c0"]
             st["Ht"][t] = h[c0:c0 + st["Ht"].shape[1]]
             if info["feature_end"]:
@@ -752,6 +789,8 @@ class CCDPPProgram(_MFBase):
         t, rnd = plan.t, plan.round
         self._absorb(st, before=rnd)
         out = {"h_t": st["Ht"][t].copy()}  # own items' current values of feature t
+        if st["scored"]:   # the round before, for `close_batch`
+            out["scored"], st["scored"] = st["scored"], {}
         match plan:
             case PPInitPlan():
                 self._init_stats(st, out)
@@ -790,7 +829,7 @@ class CCDPPProgram(_MFBase):
         st["Wt"][t] = f
         st["regW"] += float(st["lam_rows"] @ (f * f - old * old))
         out.update(num=num, den=den, sq=sq, regW=st["regW"])
-        msg = {"num": num, "den": den}
+        msg = {"num": num, "den": den, "sq": sq}
         if plan.feature_end and plan.next_t != t:
             msg["h_next"] = st["Ht"][plan.next_t].copy()
         return self._share(st, rnd, out, msg)

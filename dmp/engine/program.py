@@ -221,6 +221,16 @@ class Program:
         partials (Dask settings); the results do not depend on it."""
         return 1
 
+    def close_batch(self, state, round: int, partials: list) -> list:
+        """The partials of a batch's rounds ``round, round + 1, ...`` (`batch_rounds`) as
+        this partition hands them back; runs on the partition after the batch's last push (a
+        round run on its own is a batch of one).  A push may report something about the
+        round before it (what that round's ring messages told the partition): here it can
+        move that report into the earlier round's partial and drop what the report makes
+        redundant there, so that only the batch's last round carries it in full.  The
+        driver's `pull` of each round then sees the moved report.  Default: unchanged."""
+        return partials
+
     def lead_rounds(self, n_partitions: int) -> int:
         """How many rounds at the start of a fit on ``n_partitions`` partitions do other work
         than the rounds after them (default 1: the first round, which often only starts the
