@@ -59,20 +59,23 @@ def test_ccdpp_rounds_run_in_batches_and_stop_where_in_process_stops(dask_client
     np.testing.assert_array_equal(local.history_["batch"], local.history_["round"])
 
 
-@pytest.mark.parametrize("n_inner", [1, 2])
-def test_ccdpp_batches_are_scored_on_the_partitions_exactly_as_by_the_driver(dask_client,
-                                                                            n_inner):
-    """Without validation ratings, a CCD++ round inside a batch is scored by partition 0
-    from the partial sums it receives anyway: the driver gets every partition's item
-    vectors only for a batch's last round, and every round's score is the in-process
-    fit's (where the driver scores each round from those vectors) to the last bit."""
-    tr, _ = low_rank_ratings(n=120, m=90, k=3, density=0.3, seed=13)
+@pytest.mark.parametrize("n_inner,validation", [(1, False), (2, False), (1, True)])
+def test_ccdpp_batches_are_scored_on_the_partitions_exactly_as_by_the_driver(
+        dask_client, n_inner, validation):
+    """A CCD++ round inside a batch is scored by partition 0 from the partial sums it
+    receives anyway (the others add their validation sums to its message): the driver gets
+    every partition's item vectors only for a batch's last round, and every round's scores
+    are the in-process fit's (where the driver scores each round from those vectors) to
+    the last bit."""
+    tr, te = low_rank_ratings(n=120, m=90, k=3, density=0.3, seed=13)
     P, k = 3, 6
     kw = dict(alpha=0.5, max_iter=4, tol=None, n_inner=n_inner, n_workers=P, random_state=2)
-    local = MatrixFactorization(k, backend="local", **kw).fit(tr)
-    remote = MatrixFactorization(k, backend=dask_client, **kw).fit(tr)
-    for key in ("objective", "train_rmse"):
+    val = {"X_val": te} if validation else {}
+    local = MatrixFactorization(k, backend="local", **kw).fit(tr, **val)
+    remote = MatrixFactorization(k, backend=dask_client, **kw).fit(tr, **val)
+    for key in ("objective", "train_rmse", "valid_rmse"):
         np.testing.assert_array_equal(remote.history_[key], local.history_[key])
+    assert np.isfinite(remote.history_["valid_rmse"]).all() == validation
     np.testing.assert_array_equal(remote.item_factors_, local.item_factors_)
     h = remote.history_
     batch, push = h["batch"][1:], h["bytes_push"][1:]

@@ -672,50 +672,45 @@ class CCDPPProgram(_MFBase):
             return None
         regW = float(sum(p["regW"] for p in partials))
         if "scored" in partials[0]:   # scored by partition 0 (`close_batch`)
-            loss, d_regH = partials[0]["scored"]
-            dr.regH += d_regH
-            self._record(info, loss, 0.0, regW + dr.regH)
-            return None
-        num, den, h = self._solve(partials, dr.lam_cols)
-        loss, d_regH = self._score(partials, num, den, h, self._gather_items(partials, "h_t"),
-                                   dr.lam_cols)
-        dr.regH += d_regH
-        hh = h * h
-        if dr.nnz_valid:
-            vn, vd = self._summed(partials, "vnum"), self._summed(partials, "vden")
-            vloss = (float(sum(p["vsq"] for p in partials)) - 2.0 * float(h @ vn)
-                     + float(hh @ vd))
+            loss, vloss, d_regH = partials[0]["scored"]
         else:
-            vloss = 0.0
-        self._record(info, loss, vloss, regW + dr.regH)
+            num, den, h = self._solve(partials, dr.lam_cols)
+            loss, vloss, d_regH = self._score(partials, num, den, h,
+                                              self._gather_items(partials, "h_t"),
+                                              dr.lam_cols, self.has_valid)
+        dr.regH += d_regH
+        self._record(info, loss, vloss if dr.nnz_valid else 0.0, regW + dr.regH)
         return None
 
-    @staticmethod
-    def _score(parts, num, den, h, h_old, lam_cols) -> tuple[float, float]:
-        """(loss, change of the items' regularisation term) of a feature pass, from the
-        partitions' partial sums and the item update they give: the driver and partition 0
-        (`close_batch`) compute it alike, to the last bit."""
+    @classmethod
+    def _score(cls, parts, num, den, h, h_old, lam_cols, valid) -> tuple[float, float, float]:
+        """(loss, validation loss, change of the items' regularisation term) of a feature
+        pass, from the partitions' partial sums and the item update they give: the driver
+        and partition 0 (`close_batch`) compute it alike, to the last bit."""
         # sum (e^ - w h)^2 = sum e^2 - 2 h.num + h^2.den
         hh = h * h
         loss = float(sum(p["sq"] for p in parts)) - 2.0 * float(h @ num) + float(hh @ den)
-        return loss, float(lam_cols @ (hh - h_old * h_old))
+        vloss = 0.0
+        if valid:
+            vn, vd = cls._summed(parts, "vnum"), cls._summed(parts, "vden")
+            vloss = (float(sum(p["vsq"] for p in parts)) - 2.0 * float(h @ vn)
+                     + float(hh @ vd))
+        return loss, vloss, float(lam_cols @ (hh - h_old * h_old))
 
     def close_batch(self, st, round: int, partials: list) -> list:
         """Inside a batch, a feature pass is scored by partition 0 when it takes that
-        round's partial sums in (the next round's push), so the driver receives every
-        partition's item vectors for the batch's last round only.  Not with validation
-        ratings: their score needs every partition's validation sums."""
+        round's partial sums in (the next round's push; the others send it their
+        validation sums too), so the driver receives every partition's item vectors for the
+        batch's last round only."""
         scored = {}
         for part in partials:
             scored.update(part.pop("scored", {}))   # partition 0's, of the round before each
-        if self.has_valid:
-            return partials
         for j, part in enumerate(partials[:-1]):
             r = round + j
             if self.round_info(r)["phase"] != "WH":
                 continue
-            for key in ("num", "den", "h_t"):
-                del part[key]
+            for key in ("num", "den", "h_t", "vnum", "vden"):
+                part.pop(key, None)
             if st["k"] == 0:
                 if r not in scored:
                     raise RuntimeError(f"partition 0 did not score round {r} of its batch")
@@ -769,8 +764,9 @@ class CCDPPProgram(_MFBase):
                 continue
             t = info["t"]
             num, den, h = self._solve(parts, st["lam_cols"])
-            if st["k"] == 0 and not self.has_valid:
-                st["scored"][r] = self._score(parts, num, den, h, st["hfull"], st["lam_cols"])
+            if st["k"] == 0:
+                st["scored"][r] = self._score(parts, num, den, h, st["hfull"], st["lam_cols"],
+                                              self.has_valid)
             c0 = st["c0"]
             st["Ht"][t] = h[c0:c0 + st["Ht"].shape[1]]
             if info["feature_end"]:
@@ -820,11 +816,13 @@ class CCDPPProgram(_MFBase):
         sq = kernels.rank1_row_pass(indptr, indices, st["er"], swap, f_out, h_out, old,
                                     st["hfull"], st["lam_rows"], f, num, den)
         vp, vi, _ = st["vrows"]
+        msg0 = None
         if self.has_valid:
             vn, vd = np.zeros(n_items), np.zeros(n_items)
             vs = kernels.rank1_column_sums(vp, vi, st["evr"], swap, f_out, h_out, old, st["hfull"],
                                            f, vn, vd)
             out.update(vnum=vn, vden=vd, vsq=vs)
+            msg0 = {"vnum": vn, "vden": vd, "vsq": vs}   # for partition 0, which scores
         st["pend"][0] = -2
         st["Wt"][t] = f
         st["regW"] += float(st["lam_rows"] @ (f * f - old * old))
@@ -832,12 +830,15 @@ class CCDPPProgram(_MFBase):
         msg = {"num": num, "den": den, "sq": sq}
         if plan.feature_end and plan.next_t != t:
             msg["h_next"] = st["Ht"][plan.next_t].copy()
-        return self._share(st, rnd, out, msg)
+        return self._share(st, rnd, out, msg, None if msg0 is None else {**msg, **msg0})
 
     @staticmethod
-    def _share(st, rnd, out, msg):
-        st["inbox"].setdefault(rnd, {})[st["k"]] = msg
-        return Sends(out, {q: msg for q in range(st["P"]) if q != st["k"]})
+    def _share(st, rnd, out, msg, msg0=None):
+        """Send ``msg`` to every other partition (``msg0`` instead, if given, to partition
+        0) and keep this partition's own."""
+        msg0 = msg if msg0 is None else msg0
+        st["inbox"].setdefault(rnd, {})[st["k"]] = msg0 if st["k"] == 0 else msg
+        return Sends(out, {q: msg0 if q == 0 else msg for q in range(st["P"]) if q != st["k"]})
 
     def _WH(self, st):
         self._absorb(st)
