@@ -234,6 +234,7 @@ def warm_workers(est, ds, client, P: int) -> None:
     """A fit cut after its first 2P + 2 rounds, not measured: a fresh cluster's workers pay
     their imports and kernel loads in their first fit (seconds at 0.2 core), which the
     probes pay otherwise."""
+    callback = est.callback
     est = est.set_params(backend=client, n_workers=P, callback=_StopAfter(2 * P + 2))
     try:
         with warnings.catch_warnings():
@@ -242,7 +243,7 @@ def warm_workers(est, ds, client, P: int) -> None:
     except Exception:   # noqa: BLE001 - a model that cannot finish a fit stopped this early
         pass
     finally:
-        est.set_params(callback=None)
+        est.set_params(callback=callback)
 
 
 def fit_on(est, ds, client, P: int) -> dict:

@@ -539,9 +539,9 @@ class ActorPartitionWorker(PartitionWorker):
     def _run_batch(self, round: int, update, plans, inbox, inboxes,
                    t_first: float) -> list[dict]:
         """(In the push thread) `PartitionWorker.step` for rounds ``round``,
-        ``round + 1``, ... (closed as one batch: `Program.close_batch`); the first waits for ``inbox`` (see `await_inbox`), each round
-        after it for the ``inboxes[j - 1]`` ring messages of the round before (the first
-        one's wait began at ``t_first``)."""
+        ``round + 1``, ..., closed as one batch (`Program.close_batch`); the first waits for
+        ``inbox`` (see `await_inbox`), each round after it for the ``inboxes[j - 1]`` ring
+        messages of the round before (the first one's wait began at ``t_first``)."""
         out = []
         for j, plan in enumerate(plans):
             t0 = time.perf_counter() if j else t_first
@@ -568,7 +568,7 @@ class ActorPartitionWorker(PartitionWorker):
             # the list guarded whole (a batch) or each plan (`step`)
             update, plans = unguard(update), [unguard(p) for p in unguard(plans)]
             return await self._in_thread(self._run_batch, round, update, plans, inbox,
-                                           list(inboxes), t_first)
+                                         list(inboxes), t_first)
         finally:
             async with self._cond:
                 self._next_round = round + len(inboxes) + 1
