@@ -692,3 +692,32 @@ def test_worker_loss(dask_client, tmp_path, case):
     checks.check_worker_loss(_estimator(case), X, y, client=dask_client, fit_params=fit_params,
                              directory=tmp_path, reference=_fitted(case, "local", dask_client),
                              **kw, **_compare(case, case.loss))
+
+
+class _Fitted:
+    """A stand-in fitted estimator: only its per-round history."""
+
+    def __init__(self, batch, bytes_push):
+        n = len(batch)
+        self.history_ = {"round": np.arange(n), "batch": np.asarray(batch),
+                         "bytes_push": np.asarray(bytes_push), "bytes_schedule": np.ones(n, int),
+                         "bytes_pull": np.zeros(n, int), "bytes_ring": np.zeros(n, int)}
+
+
+def test_bytes_accounted_lets_only_a_batchs_inner_rounds_push_less_on_dask():
+    """`Program.close_batch` may drop what a batch's inner rounds would push: on Dask those
+    rounds may push fewer bytes than in process, never more; a batch's last round and a
+    round run alone must push the same."""
+    local = _Fitted([0, 1, 2, 3, 4], [9, 9, 9, 9, 9])
+
+    def check(batch, pushed):
+        checks.check_bytes_accounted(None, None, client=None,
+                                     fitted=(local, _Fitted(batch, pushed)))
+
+    check([0, 1, 1, 1, 4], [9, 2, 2, 9, 9])                 # rounds 1 and 2 inside a batch
+    with pytest.raises(AssertionError, match="inside a batch exceeds"):
+        check([0, 1, 1, 1, 4], [9, 2, 12, 9, 9])
+    with pytest.raises(AssertionError, match="byte counts on Dask against in process"):
+        check([0, 1, 1, 1, 4], [9, 2, 2, 2, 9])              # round 3 ends its batch
+    with pytest.raises(AssertionError, match="byte counts on Dask against in process"):
+        check([0, 1, 2, 3, 4], [9, 2, 9, 9, 9])              # no batches: every count equal
