@@ -229,10 +229,15 @@ def _probe_from_history(rec: "_Recorder", P: int, *, max_rounds: int,
         rbytes.append(r.get("bytes_ring", 0) / P)
     # the driver: this thread's CPU between the first and the last recorded round less the
     # partitions' work done in between (a batch runs several rounds' pushes before their
-    # records, so the work is summed over the span, not matched to a record)
+    # records, so the work is summed over the span, not matched to a record) and less their
+    # ring messages' hand-over, which in process runs here and on a cluster on each worker
+    # (priced as the engine's message costs, `EngineCosts`)
     start, last = max(first, 1), len(history) - 1
     if last >= start:
-        work = sum(sum(rec.pushes[j]) + rec.applies[j] for j in range(start, last + 1))
+        span = range(start, last + 1)
+        work = sum(sum(rec.pushes[j]) + rec.applies[j] for j in span)
+        handover = sum(sum(history[j].get("ring_s") or [0.0]) for j in span)
+        work += max(handover - sum(rec.receives[j] for j in span), 0.0)
         driver = max(rec.cpu[last] - rec.cpu[start - 1] - work, 0.0) / (last - start + 1)
     else:
         driver = 0.0
@@ -295,7 +300,9 @@ class _Recorder:
         self.applies = []
         #: per round: ring messages delivered (all partitions)
         self.received = []
-        self._pushes, self._applied, self._received = [], 0.0, 0
+        #: per round: CPU seconds of the ring receives (all partitions; also in `applies`)
+        self.receives = []
+        self._pushes, self._applied, self._received, self._receive_s = [], 0.0, 0, 0.0
         #: by round: each partition's push CPU seconds, and the applies' and receives'
         self.round_pushes: dict[int, list[float]] = {}
         self.round_applies: dict[int, float] = {}
@@ -345,7 +352,9 @@ class _Recorder:
                 try:
                     return receive(state, round, src, payload)
                 finally:
-                    self._work(round, time.thread_time() - t0)
+                    dt = time.thread_time() - t0
+                    self._receive_s += dt
+                    self._work(round, dt)
 
             program.receive = counted_receive
 
@@ -354,7 +363,8 @@ class _Recorder:
         self.pushes.append(self._pushes)
         self.applies.append(self._applied)
         self.received.append(self._received)
-        self._pushes, self._applied, self._received = [], 0.0, 0
+        self.receives.append(self._receive_s)
+        self._pushes, self._applied, self._received, self._receive_s = [], 0.0, 0, 0.0
         self.records.append(rec)
         if self.t0 is None:
             self.t0 = time.perf_counter()
@@ -399,13 +409,20 @@ def probe_program(program: Program, n_partitions: int, *, max_iter: int,
     rec.watch(program, n_partitions)
     t0 = time.perf_counter()
     with _one_blas_thread():
-        run(program, LocalBackend(n_partitions), max_iter=max_iter, callback=rec,
+        run(program, _probe_backend(n_partitions), max_iter=max_iter, callback=rec,
             staleness=staleness)
     return _probe_from_history(
         rec, n_partitions, max_rounds=max_iter,
         batch_lengths=_call_lengths(rec.batch, config.count("dmp.batch.max-rounds")),
         partition_bytes=_max_partition_bytes(program, n_partitions),
         probe_s=time.perf_counter() - t0)
+
+
+def _probe_backend(P: int) -> LocalBackend:
+    """The in-process backend of a probe: it runs the rounds a program lets batch as the Dask
+    backend does, so that the driver pulls what it would on a cluster (a batch's inner
+    rounds closed by `Program.close_batch`: MF CCD++'s are scored on a partition)."""
+    return LocalBackend(P, batches=True)
 
 
 def _one_blas_thread():
@@ -422,10 +439,11 @@ class _Dry(Exception):
 
 
 def _spied(estimator, P, recorder=None, dry=False):
-    """A clone of ``estimator`` on the in-process backend at ``P`` whose run options are
-    recorded (and, ``dry``, whose fit stops there, before any partition exists)."""
+    """A clone of ``estimator`` on the in-process backend at ``P``, running batches of rounds
+    as a cluster does (`_probe_backend`), whose run options are recorded (and, ``dry``, whose
+    fit stops there, before any partition exists)."""
     est = clone(estimator)
-    est.set_params(backend=LocalBackend(P), show_progress=False, callback=recorder)
+    est.set_params(backend=_probe_backend(P), show_progress=False, callback=recorder)
     seen = SimpleNamespace(max_iter=None, program=None)
     hook = est._run_options
 

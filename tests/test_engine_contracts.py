@@ -92,6 +92,7 @@ def test_an_object_without_the_capabilities_is_refused_naming_them():
 def test_a_backend_declaring_batches_must_run_them():
     class Claims(LocalBackend):
         runs_batches = True
+        step_batch, gather_batch = Backend.step_batch, Backend.gather_batch
 
     with pytest.raises(TypeError, match=r"Claims declares runs_batches but does not "
                                         r"implement 'step_batch' or 'gather_batch'"):

@@ -128,6 +128,33 @@ def test_reported_metrics_equal_recomputed_ones_every_round(method):
     assert len(seen) == (9 if method == "ccd++" else 12)
 
 
+@pytest.mark.parametrize("n_workers", [1, 3])
+@pytest.mark.parametrize("valid", [False, True])
+def test_ccdpp_in_batches_in_process_equals_one_round_a_call(n_workers, valid):
+    """`LocalBackend(batches=True)` runs CCD++'s rounds in batches as the Dask backend does:
+    a batch's inner rounds are scored by partition 0 (`Program.close_batch`) and reach the
+    driver without the item vectors, and the fit is the one-round-a-call fit to the bit."""
+    tr, te = low_rank_ratings(n=60, m=200, k=3, density=0.3, seed=7)
+
+    def fit(batches):
+        backend = LocalBackend(n_workers, batches=batches)
+        mf = MatrixFactorization(4, alpha=0.1, method="ccd++", max_iter=3, tol=None,
+                                 backend=backend, random_state=0)
+        return mf.fit(tr, X_val=te if valid else None)
+
+    one, batched = fit(False), fit(True)
+    for key in ("objective", "train_rmse", "valid_rmse", "phase"):
+        np.testing.assert_array_equal(batched.history_[key], one.history_[key])
+    np.testing.assert_array_equal(batched.user_factors_, one.user_factors_)
+    np.testing.assert_array_equal(batched.item_factors_, one.item_factors_)
+    firsts = set(batched.history_["batch"])
+    assert len(firsts) < len(batched.history_["round"])   # some rounds ran in batches
+    inner = [b for r, b in zip(batched.history_["round"], batched.history_["bytes_push"])
+             if r + 1 not in firsts and r > 0 and r + 1 < len(batched.history_["round"])]
+    # each partition's item sums (two vectors of 200 float64) stay on the partitions
+    assert inner and max(inner) < 200 * 8 < min(one.history_["bytes_push"][1:])
+
+
 @pytest.mark.parametrize("method", ["ccd++", "ccd", "als"])
 def test_test_rmse_reaches_the_noise_level(method):
     """Well-posed synthetic data: ~700 ratings per user-factor parameter group; the test RMSE

@@ -167,6 +167,45 @@ def test_probe_of_a_program_of_known_costs():
     assert row["bytes_per_worker_round"] == pytest.approx(16 + 8 + 800 + 1600)
 
 
+def test_probe_leaves_the_ring_hand_over_to_the_workers(monkeypatch):
+    """In process the partitions hand their ring messages over in the probe's thread; on a
+    cluster each worker does (priced as the engine's message costs), so the probe's driver
+    share leaves that time out: a hand-over slowed by 3 ms of CPU a message does not move
+    it, nor the compute."""
+    from dmp.engine.worker import PartitionWorker
+    from dmp.planning import _spin
+
+    send_all = PartitionWorker._send_all
+
+    def slow_send_all(self, round, messages):
+        _spin(0.003 * len(messages))
+        return send_all(self, round, messages)
+
+    monkeypatch.setattr(PartitionWorker, "_send_all", slow_send_all)
+    prog = NullProgram(push_s=0.001, ring_bytes=800, fanout=True)
+    probe = probe_program(prog, 3, max_iter=10, seconds=30.0)
+    assert probe.ring_messages == 2.0
+    assert 0.001 <= probe.compute_s < 0.004
+    assert probe.driver_s < 0.002      # 0.018 s a round with the hand-over counted
+
+
+def test_probe_of_ccdpp_pulls_what_a_clusters_driver_pulls():
+    """A probe runs CCD++'s rounds in batches, as the Dask backend does: the driver's
+    partials of a batch's inner rounds hold partition 0's score, not every partition's item
+    sums, and the probe's bytes through the driver are those."""
+    from dmp.decomposition import MatrixFactorization
+    from dmp.planning import probe_estimator
+    from mf_reference import low_rank_ratings
+
+    tr, _ = low_rank_ratings(n=60, m=400, k=3, density=0.3, seed=7)
+    est = MatrixFactorization(8, method="ccd++", max_iter=2, tol=None, random_state=0)
+    probe = probe_estimator(est, tr, n_partitions=3, seconds=30.0)
+    assert probe.rounds == probe.probed_rounds == 17 and probe.batch_rounds > 1
+    # a round pulled whole brings the driver 3 partitions x 2 sums of 400 float64 at least;
+    # the probe's mean, over batches of up to 8 rounds, is far below
+    assert probe.driver_bytes < 3 * 2 * 400 * 8 / 4
+
+
 def test_probe_prices_lead_rounds_apart():
     """A program whose first 4 rounds (`Program.lead_rounds`) cost 10x less than the rest
     (as LDA's counting rotation): the probe runs past them even when its time is up, and
@@ -445,11 +484,16 @@ def test_lda_probe_prices_the_counting_rotation_and_first_sweep_apart():
 
     X = make_lda_corpus(300, 400, 10, 60, seed=1)[0]
     est = LatentDirichletAllocation(20, max_iter=4, random_state=0)
-    warm = probe_estimator(est, X, n_partitions=3, seconds=0.001, warm_up=True)
+    # a probe runs batches of rounds as a cluster does, with the next batch in flight: a stop
+    # takes effect at the end of the batch after the one it came in; at most 2 rounds a
+    # batch here (rounds 0 | 1-2 | 3-4 | 5-6 | ...)
+    with dask.config.set({"dmp.batch.max-rounds": 2}):
+        warm = probe_estimator(est, X, n_partitions=3, seconds=0.001, warm_up=True)
+        pr = probe_estimator(est, X, n_partitions=3, seconds=0.001)
     # the warm-up runs a counting round and the first sampling sub-round
-    # (`LDAProgram.warm_up_rounds`; its batch of at most 4 may run on), not the first sweep
+    # (`LDAProgram.warm_up_rounds`), then the batches in flight (rounds 4-6), not the second
+    # sweep
     assert 4 <= warm.probed_rounds < 8
-    pr = probe_estimator(est, X, n_partitions=3, seconds=0.001)
     # 3 counting rounds and 3 of the first sweep, then at least 2 of the second (a batch
     # may run on past the stop)
     assert pr.lead_rounds == 6 and pr.probed_rounds >= 8

@@ -173,9 +173,9 @@ class PartitionWorker:
     def step(self, round: int, update, plan) -> dict:
         """Apply the pending pull result (if any), then push for ``round``: a batch of one
         round (`Program.close_batch`)."""
-        return self._closed([self._push_round(round, update, plan)])[0]
+        return self.close_batch([self.push_round(round, update, plan)])[0]
 
-    def _closed(self, results: list[dict]) -> list[dict]:
+    def close_batch(self, results: list[dict]) -> list[dict]:
         """A batch's results, their partials as `Program.close_batch` hands them back."""
         partials = self.program.close_batch(self.state, results[0]["round"],
                                             [res["partial"] for res in results])
@@ -183,7 +183,7 @@ class PartitionWorker:
             res["partial"] = partial
         return results
 
-    def _push_round(self, round: int, update, plan) -> dict:
+    def push_round(self, round: int, update, plan) -> dict:
         """`step` without `Program.close_batch`: one round of a batch."""
         if update is not None:
             self.program.apply(self.state, update)
@@ -546,13 +546,13 @@ class ActorPartitionWorker(PartitionWorker):
         for j, plan in enumerate(plans):
             t0 = time.perf_counter() if j else t_first
             self._wait_inbox((round + j - 1, inboxes[j - 1]) if j else inbox)
-            out.append(self._push_round(round + j, update if j == 0 else None, plan))
+            out.append(self.push_round(round + j, update if j == 0 else None, plan))
             # the round's time here: waiting for the messages, the push, handing its own over
             out[-1]["step_s"] = time.perf_counter() - t0
             # when it ended (wall clock, comparable with the driver's): the driver learns
             # of a batch's rounds only once the whole batch ran
             out[-1]["t_end"] = time.time()
-        return self._closed(out)
+        return self.close_batch(out)
 
     async def step_batch(self, round: int, update, plans, inbox=None,
                          inboxes=()) -> list[dict]:

@@ -6,6 +6,8 @@ simulate many workers on one machine.
 
 from __future__ import annotations
 
+import time
+
 from ..program import update_for
 from ..worker import PartitionWorker
 from .protocol import Backend
@@ -18,21 +20,31 @@ class LocalBackend(Backend):
     ----------
     n_workers : int
         Number of simulated workers (= partitions).
+    batches : bool, default False
+        Run the rounds a program lets batch (`Program.batch_rounds`) as the Dask backend
+        does: every partition's pushes of a batch, round by round, then each partition's
+        `Program.close_batch` over them, so the driver pulls what a cluster's driver pulls.
+        A callback that stops the fit inside a batch then stops it at the batch's end, as on
+        a cluster. `dmp.plan`'s probes run so; fits default to one round a call.
     """
 
     kind = "local"
-    # capabilities (`Backend`): everything runs here, one round at a time, synchronously
+    # capabilities (`Backend`): everything runs here, synchronously
     needs_store = False
     in_driver_process = True
-    runs_batches = False
     overlaps_rounds = False
     sends_events = False
 
-    def __init__(self, n_workers: int = 1):
+    def __init__(self, n_workers: int = 1, *, batches: bool = False):
         if int(n_workers) < 1:
             raise ValueError(f"n_workers must be >= 1, got {n_workers}")
         self.n_workers = int(n_workers)
+        self.batches = bool(batches)
         self.workers: list[PartitionWorker] = []
+
+    @property
+    def runs_batches(self) -> bool:
+        return self.batches
 
     @property
     def n_partitions(self) -> int:
@@ -54,7 +66,26 @@ class LocalBackend(Backend):
         return [w.step(round, update_for(updates, k), plans[k])
                 for k, w in enumerate(self.workers)]
 
+    def step_batch(self, round, updates, plans_seq):
+        """Rounds ``round ..`` in turn on every partition (a round's ring messages are
+        delivered before the next round's pushes), then each partition's batch closed."""
+        runs = [[] for _ in self.workers]
+        for j, plans in enumerate(plans_seq):
+            for k, w in enumerate(self.workers):
+                t0 = time.perf_counter()
+                res = w.push_round(round + j, update_for(updates, k) if j == 0 else None,
+                                    plans[k])
+                res["step_s"] = time.perf_counter() - t0
+                res["t_end"] = time.time()
+                runs[k].append(res)
+        closed = [w.close_batch(run) for w, run in zip(self.workers, runs)]
+        return [[closed[k][j] for k in range(len(self.workers))]
+                for j in range(len(plans_seq))]
+
     def gather(self, handle):
+        return handle
+
+    def gather_batch(self, handle):
         return handle
 
     def apply_all(self, updates) -> None:
