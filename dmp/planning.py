@@ -1,11 +1,13 @@
 """`plan`: what a fit would do on P workers, predicted from a short probe of the real fit.
 
 The planner runs the estimator's own fit (`dmp.base.DMPEstimator`, the path every model
-shares) on the in-process backend at each probed number of partitions, for a few seconds
-each, and reads what the engine records of every round (``history_``): the seconds each
-partition pushed (the kernels' cost, on one core), the driver's share of the round (the
-rest of its wall time: schedule, pull, metrics and bookkeeping), the bytes of every kind of
-message, and the rounds each call of the Dask backend would batch (`Program.batch_rounds`);
+shares) on the in-process backend at each probed number of partitions, running batches of
+rounds as the Dask backend does, for a few seconds each, and reads what the engine records
+of every round (``history_``): the seconds each partition pushed (the kernels' cost, on one
+core), the driver's share of the round (the rest of its thread's CPU: schedule, pull,
+metrics and bookkeeping, less the partitions' ring hand-overs, which a cluster's workers
+do), the bytes of every kind of message, and the rounds each call of the Dask backend would
+batch (`Program.batch_rounds`);
 with ``probe_on`` (`probe`'s ``on``) the probes run on one worker of a cluster instead, so
 that the kernels are timed at the workers' own speed, and with ``probe_all_workers`` on every
 worker at once, so that they are timed as they run when all workers are busy.
@@ -236,8 +238,7 @@ def _probe_from_history(rec: "_Recorder", P: int, *, max_rounds: int,
     if last >= start:
         span = range(start, last + 1)
         work = sum(sum(rec.pushes[j]) + rec.applies[j] for j in span)
-        handover = sum(sum(history[j].get("ring_s") or [0.0]) for j in span)
-        work += max(handover - sum(rec.receives[j] for j in span), 0.0)
+        work += max(sum(rec.handovers[j] - rec.receives[j] for j in span), 0.0)
         driver = max(rec.cpu[last] - rec.cpu[start - 1] - work, 0.0) / (last - start + 1)
     else:
         driver = 0.0
@@ -301,7 +302,10 @@ class _Recorder:
         #: per round: ring messages delivered (all partitions)
         self.received = []
         #: per round: CPU seconds of the ring receives (all partitions; also in `applies`)
-        self.receives = []
+        #: and of the partitions' ring hand-overs, those receives included (`_ProbeBackend`)
+        self.receives, self.handovers = [], []
+        self.backend = None
+        self._handover_s = 0.0
         self._pushes, self._applied, self._received, self._receive_s = [], 0.0, 0, 0.0
         #: by round: each partition's push CPU seconds, and the applies' and receives'
         self.round_pushes: dict[int, list[float]] = {}
@@ -364,6 +368,9 @@ class _Recorder:
         self.applies.append(self._applied)
         self.received.append(self._received)
         self.receives.append(self._receive_s)
+        total = getattr(self.backend, "handover_s", 0.0)
+        self.handovers.append(total - self._handover_s)
+        self._handover_s = total
         self._pushes, self._applied, self._received, self._receive_s = [], 0.0, 0, 0.0
         self.records.append(rec)
         if self.t0 is None:
@@ -409,7 +416,7 @@ def probe_program(program: Program, n_partitions: int, *, max_iter: int,
     rec.watch(program, n_partitions)
     t0 = time.perf_counter()
     with _one_blas_thread():
-        run(program, _probe_backend(n_partitions), max_iter=max_iter, callback=rec,
+        run(program, _probe_backend(n_partitions, rec), max_iter=max_iter, callback=rec,
             staleness=staleness)
     return _probe_from_history(
         rec, n_partitions, max_rounds=max_iter,
@@ -418,11 +425,38 @@ def probe_program(program: Program, n_partitions: int, *, max_iter: int,
         probe_s=time.perf_counter() - t0)
 
 
-def _probe_backend(P: int) -> LocalBackend:
+class _ProbeBackend(LocalBackend):
     """The in-process backend of a probe: it runs the rounds a program lets batch as the Dask
     backend does, so that the driver pulls what it would on a cluster (a batch's inner
-    rounds closed by `Program.close_batch`: MF CCD++'s are scored on a partition)."""
-    return LocalBackend(P, batches=True)
+    rounds closed by `Program.close_batch`: MF CCD++'s are scored on a partition), and
+    counts the CPU seconds of the partitions' ring hand-overs (``handover_s``, the receives
+    they run included), which in process run in the driver's thread."""
+
+    def __init__(self, n_workers: int):
+        super().__init__(n_workers, batches=True)
+        self.handover_s = 0.0
+
+    def start(self, program, specs) -> None:
+        super().start(program, specs)
+        for w in self.workers:
+            w._send_all = self._timed(w._send_all)
+
+    def _timed(self, send_all):
+        def timed_send_all(round, messages):
+            t0 = time.thread_time()
+            try:
+                return send_all(round, messages)
+            finally:
+                self.handover_s += time.thread_time() - t0
+        return timed_send_all
+
+
+def _probe_backend(P: int, recorder: "_Recorder | None" = None) -> _ProbeBackend:
+    """A probe's backend, its hand-overs counted by ``recorder``."""
+    backend = _ProbeBackend(P)
+    if recorder is not None:
+        recorder.backend = backend
+    return backend
 
 
 def _one_blas_thread():
@@ -443,7 +477,7 @@ def _spied(estimator, P, recorder=None, dry=False):
     as a cluster does (`_probe_backend`), whose run options are recorded (and, ``dry``, whose
     fit stops there, before any partition exists)."""
     est = clone(estimator)
-    est.set_params(backend=_probe_backend(P), show_progress=False, callback=recorder)
+    est.set_params(backend=_probe_backend(P, recorder), show_progress=False, callback=recorder)
     seen = SimpleNamespace(max_iter=None, program=None)
     hook = est._run_options
 
