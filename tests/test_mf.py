@@ -155,6 +155,44 @@ def test_ccdpp_in_batches_in_process_equals_one_round_a_call(n_workers, valid):
     assert inner and max(inner) < 200 * 8 < min(one.history_["bytes_push"][1:])
 
 
+@pytest.mark.parametrize("method", ["ccd++", "ccd"])
+def test_partition_sizes_read_each_pointer_from_the_store_once(tmp_path, method):
+    """The memory check before a fit sizes every partition (`Program.partition_nbytes`):
+    the driver reads each split's pointer from the store once, not once a partition, and
+    the copy it keeps does not travel to the workers with the program."""
+    import pickle
+
+    from dmp.decomposition._mf_program import MFProgram
+    from dmp.io import open_dataset
+    from dmp.io.ratings import write_ratings
+
+    tr, te = low_rank_ratings(n=300, m=200, k=3, density=0.2, seed=2)
+    users = np.concatenate([tr.row, te.row])
+    items = np.concatenate([tr.col, te.col])
+    split = np.repeat(np.array([0, 1], np.int8), [tr.nnz, te.nnz])
+    write_ratings(str(tmp_path / "r.zarr"), users, items, np.concatenate([tr.data, te.data]),
+                  shape=tr.shape, split=split)
+    ds = open_dataset(str(tmp_path / "r.zarr"))
+    reads = []
+    for name in ("row_indptr", "col_indptr"):
+        def counted(split="train", _read=getattr(ds, name), _name=name):
+            reads.append((_name, split))
+            return _read(split)
+        setattr(ds, name, counted)
+    program = MFProgram(ds, method=method, n_components=4, alpha=0.1)
+    specs = program.partition_specs(8)
+    reads.clear()   # (the split into partitions reads the training pointers itself)
+    sizes = [program.partition_nbytes(spec) for spec in specs]
+    assert len(reads) == len(set(reads)) <= 4 and all(s > 0 for s in sizes)
+    # each partition's ratings (train and validation), counted from the ratings themselves
+    for spec in specs:
+        for axis, ids, (a, b) in ((0, users, spec["rows"]), (1, items, spec["cols"])):
+            assert program._nnz(axis, a, b) == np.count_nonzero((ids >= a) & (ids < b))
+    assert len(reads) == len(set(reads)) <= 4
+    del ds.row_indptr, ds.col_indptr   # the dataset's own methods again
+    assert "_indptrs" not in pickle.loads(pickle.dumps(program)).__dict__
+
+
 @pytest.mark.parametrize("method", ["ccd++", "ccd", "als"])
 def test_test_rmse_reaches_the_noise_level(method):
     """Well-posed synthetic data: ~700 ratings per user-factor parameter group; the test RMSE

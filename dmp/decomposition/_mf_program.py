@@ -318,12 +318,22 @@ class _MFBase(Program):
             return self.alpha * np.diff(indptr).astype(np.float64)
         return np.full(n, self.alpha)
 
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_indptrs", None)   # the driver's copies (`_nnz`)
+        return state
+
     def _nnz(self, axis: int, a: int, b: int) -> int:
         """Ratings (train and validation) of users (axis 0) or items (axis 1) a..b-1."""
+        # each pointer read from the store once per program, not once per partition: the
+        # memory check before a fit asks for every partition's size
+        ptrs = self.__dict__.setdefault("_indptrs", {})
         total = 0
         for split in (("train", "valid") if self.has_valid else ("train",)):
-            ip = (self.dataset.row_indptr(split) if axis == 0
-                  else self.dataset.col_indptr(split))
+            ip = ptrs.get((axis, split))
+            if ip is None:
+                ip = ptrs[axis, split] = (self.dataset.row_indptr(split) if axis == 0
+                                          else self.dataset.col_indptr(split))
             total += int(ip[b] - ip[a])
         return total
 
