@@ -185,7 +185,8 @@ class Probe:
     max_rounds: int
     #: seconds of the slowest partition's push per round
     compute_s: float
-    #: seconds of the driver per round (the round's wall time less the pushes)
+    #: CPU seconds of the driver per round (its thread's, less the partitions' pushes,
+    #: applies and ring hand-overs)
     driver_s: float
     #: bytes per round through the driver (plans, partials and pull results, all partitions)
     driver_bytes: float
@@ -270,7 +271,8 @@ class _Recorder:
     before two rounds after the program's lead rounds, `Program.lead_rounds`, or in a
     ``warm_up`` before `Program.warm_up_rounds`) and
     records, after each round, the round's record, the CPU seconds of this thread and of
-    the pushes, applies and ring receives since the last record, and how many rounds a call
+    the pushes, applies, ring receives and the partitions' ring hand-overs (their
+    ``backend``'s count, `_ProbeBackend`) since the last record, and how many rounds a call
     could batch from the next one on; and, by round, each push's CPU seconds and the
     applies' and receives'.
 

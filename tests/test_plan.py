@@ -199,7 +199,9 @@ def test_probe_of_ccdpp_pulls_what_a_clusters_driver_pulls():
 
     tr, _ = low_rank_ratings(n=60, m=400, k=3, density=0.3, seed=7)
     est = MatrixFactorization(8, method="ccd++", max_iter=2, tol=None, random_state=0)
-    probe = probe_estimator(est, tr, n_partitions=3, seconds=30.0)
+    # batches grow 4x at a time up to the program's bound, however slow the first rounds
+    with dask.config.set({"dmp.batch.target-duration": "1h"}):
+        probe = probe_estimator(est, tr, n_partitions=3, seconds=30.0)
     assert probe.rounds == probe.probed_rounds == 17 and probe.batch_rounds > 1
     # a round pulled whole brings the driver 3 partitions x 2 sums of 400 float64 at least;
     # the probe's mean, over batches of up to 8 rounds, is far below

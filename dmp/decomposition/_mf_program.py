@@ -236,6 +236,8 @@ class _MFBase(Program):
 
     def start(self, n_partitions: int) -> None:
         self.driver = MFDriver(n_partitions=n_partitions)
+        # the partitions exist: their sizes' pointers (`_nnz`) are not needed for the fit
+        self.__dict__.pop("_indptrs", None)
 
     def _mean(self, parts) -> float:
         """The mean of every partition's ratings (0 without centring), from the init round's

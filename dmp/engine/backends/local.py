@@ -24,8 +24,10 @@ class LocalBackend(Backend):
         Run the rounds a program lets batch (`Program.batch_rounds`) as the Dask backend
         does: every partition's pushes of a batch, round by round, then each partition's
         `Program.close_batch` over them, so the driver pulls what a cluster's driver pulls.
-        A callback that stops the fit inside a batch then stops it at the batch's end, as on
-        a cluster. `dmp.plan`'s probes run so; fits default to one round a call.
+        A callback that stops the fit inside a batch then stops it at the batch's end (and
+        that of a batch already in flight, with ``staleness``), as on a cluster; a batch is
+        sized by its partitions' summed time, which in process run one after another.
+        `dmp.plan`'s probes run so; fits default to one round a call.
     """
 
     kind = "local"
