@@ -208,6 +208,23 @@ def test_probe_of_ccdpp_pulls_what_a_clusters_driver_pulls():
     assert probe.driver_bytes < 3 * 2 * 400 * 8 / 4
 
 
+def test_parmac_probe_runs_to_its_stopping_rule():
+    """ParMAC's fit ends at its stopping rule long before its round budget (which grows with
+    P): a short probe runs on to that rule (`Program.probe_to_stopping_rule`) and prices the
+    fit's own rounds, not the budget."""
+    from dmp.hashing import BinaryAutoencoder
+    from dmp.planning import probe_estimator
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((3000, 16)) + rng.integers(0, 4, (3000, 1))
+    fit = BinaryAutoencoder(n_bits=8, random_state=0, backend="local", n_workers=3).fit(X)
+    rounds = len(fit.round_history_["round"])
+    probe = probe_estimator(BinaryAutoencoder(n_bits=8, random_state=0), X, n_partitions=3,
+                            seconds=0.1)
+    assert probe.rounds_source == "probe"
+    assert probe.rounds == probe.probed_rounds == rounds < probe.max_rounds
+
+
 def test_probe_prices_lead_rounds_apart():
     """A program whose first 4 rounds (`Program.lead_rounds`) cost 10x less than the rest
     (as LDA's counting rotation): the probe runs past them even when its time is up, and

@@ -248,6 +248,9 @@ class ParMACProgram(Program):
     primary_direction = "min"
     uses_ring = True
     gather_partitions = False
+    # a fit ends at its stopping rule (Z = h(X), or the validation precision), mostly well
+    # before its round budget, whose e P + P hops an iteration grow with P
+    probe_to_stopping_rule = True
 
     def __init__(self, dataset, *, n_bits, n_epochs, mu0, mu_factor, max_mac_iter,
                  batch_size, alpha, decoder, z_method, itq_iter, validation, arrivals,
