@@ -183,6 +183,15 @@ class PartitionWorker:
             res["partial"] = partial
         return results
 
+    def batch_round(self, round: int, update, plan, t0: float) -> dict:
+        """`push_round` as a batch reports each of its rounds: with the round's time since
+        ``t0`` (``step_s``) and when it ended on the wall clock (``t_end``, comparable with
+        the driver's: the driver learns of a batch's rounds only once the whole batch ran)."""
+        res = self.push_round(round, update, plan)
+        res["step_s"] = time.perf_counter() - t0
+        res["t_end"] = time.time()
+        return res
+
     def push_round(self, round: int, update, plan) -> dict:
         """`step` without `Program.close_batch`: one round of a batch."""
         if update is not None:
@@ -546,12 +555,8 @@ class ActorPartitionWorker(PartitionWorker):
         for j, plan in enumerate(plans):
             t0 = time.perf_counter() if j else t_first
             self._wait_inbox((round + j - 1, inboxes[j - 1]) if j else inbox)
-            out.append(self.push_round(round + j, update if j == 0 else None, plan))
             # the round's time here: waiting for the messages, the push, handing its own over
-            out[-1]["step_s"] = time.perf_counter() - t0
-            # when it ended (wall clock, comparable with the driver's): the driver learns
-            # of a batch's rounds only once the whole batch ran
-            out[-1]["t_end"] = time.time()
+            out.append(self.batch_round(round + j, update if j == 0 else None, plan, t0))
         return self.close_batch(out)
 
     async def step_batch(self, round: int, update, plans, inbox=None,

@@ -74,12 +74,8 @@ class LocalBackend(Backend):
         runs = [[] for _ in self.workers]
         for j, plans in enumerate(plans_seq):
             for k, w in enumerate(self.workers):
-                t0 = time.perf_counter()
-                res = w.push_round(round + j, update_for(updates, k) if j == 0 else None,
-                                    plans[k])
-                res["step_s"] = time.perf_counter() - t0
-                res["t_end"] = time.time()
-                runs[k].append(res)
+                runs[k].append(w.batch_round(round + j, update_for(updates, k) if j == 0
+                                             else None, plans[k], time.perf_counter()))
         closed = [w.close_batch(run) for w, run in zip(self.workers, runs)]
         return [[closed[k][j] for k in range(len(self.workers))]
                 for j in range(len(plans_seq))]
