@@ -11,8 +11,9 @@ scheduler alike), the model's issue-size store of `benchmarks/scaling.py`, ``--f
 a row on each cluster (the first pays the fresh workers' imports and kernel loads).  The
 driver's steps are timed by wrapping the runner's and the Dask backend's methods in this
 process: the estimator before the run, the partitions' creation (of it: the memory check,
-each partition's wait, the calls that connect the ring), the round loop and the result's
-collection.  One JSON line per fit.
+each partition's wait), the round loop, the result's
+collection, and the waits for calls to the partitions (``calls``: the ring's connection
+before the loop and the rounds in it).  One JSON line per fit.
 """
 
 from __future__ import annotations
